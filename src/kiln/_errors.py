@@ -1,0 +1,43 @@
+"""Errors and warnings raised by kiln.
+
+Hierarchy::
+
+    KilnError                      root of every kiln exception
+    ├── StaticArgumentError        (also TypeError) a static argument cannot be hashed by value
+    ├── ConfigError                (also ValueError) a bad configuration value or environment variable
+    ├── StoreError                 a store failed and ``KILN_STRICT=1`` turned the warning into an error
+    └── VerifyError                ``KILN_VERIFY=1``: a stored entry does not match a fresh lowering
+
+    KilnWarning                    root of every kiln warning (a subclass of UserWarning)
+    └── StoreWarning               a store entry was corrupt, foreign or unreadable; kiln recompiled
+"""
+
+from __future__ import annotations
+
+
+class KilnError(Exception):
+    """Root of every exception kiln raises."""
+
+
+class StaticArgumentError(KilnError, TypeError):
+    """A static argument cannot be hashed by value (for example an object array)."""
+
+
+class ConfigError(KilnError, ValueError):
+    """A configuration value (argument or ``KILN_*`` environment variable) is invalid."""
+
+
+class StoreError(KilnError):
+    """A store read or write failed while ``KILN_STRICT=1`` is set."""
+
+
+class VerifyError(KilnError):
+    """``KILN_VERIFY=1`` found that a stored executable does not match a fresh lowering."""
+
+
+class KilnWarning(UserWarning):
+    """Root of every warning kiln emits."""
+
+
+class StoreWarning(KilnWarning):
+    """A store entry was corrupt, truncated, foreign or unreadable; kiln recompiled and replaced it."""
