@@ -6,6 +6,7 @@ Hierarchy::
     ├── StaticArgumentError        (also TypeError) a static argument cannot be hashed by value
     ├── ConfigError                (also ValueError) a bad configuration value or environment variable
     ├── StoreError                 a store failed and ``KILN_STRICT=1`` turned the warning into an error
+    │   └── EntryError             an entry is corrupt, truncated, foreign, unsigned or tampered
     └── VerifyError                ``KILN_VERIFY=1``: a stored entry does not match a fresh lowering
 
     KilnWarning                    root of every kiln warning (a subclass of UserWarning)
@@ -29,6 +30,10 @@ class ConfigError(KilnError, ValueError):
 
 class StoreError(KilnError):
     """A store read or write failed while ``KILN_STRICT=1`` is set."""
+
+
+class EntryError(StoreError):
+    """An entry failed to decode: bad magic, other format version, truncated, or bad digest."""
 
 
 class VerifyError(KilnError):

@@ -1,0 +1,191 @@
+"""kiln's configuration: one frozen :class:`Config`, read lazily.
+
+Precedence for every field, highest first: :func:`config_context` (a context manager), then
+:func:`configure` (process-wide), then the ``KILN_<FIELD>`` environment variable, then the
+default. The environment is read on every miss (never on the hot path), so a test or a CLI may
+change ``os.environ`` at any time. (jax's config states; not equinox's import-time read.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from ._errors import ConfigError
+
+__all__ = ["Config", "configure", "config_context", "get_config", "parse_size"]
+
+_GIB = 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """kiln's settings. Each field ``f`` is also read from the ``KILN_<F>`` environment variable.
+
+    Attributes:
+        cache_dir: directory of the default local store. Default: the user cache directory
+            (``platformdirs.user_cache_dir("kiln")``), created private to the user (0700).
+        store: store URL: ``None`` or ``"local"`` (the local directory store at ``cache_dir``),
+            a directory path, ``"memory"`` (this process only) or ``"null"`` (persistence off).
+        max_size: size cap of the local store in bytes (``KILN_MAX_SIZE`` accepts ``4GiB``,
+            ``500MB``, ...). Least recently used entries are evicted above it. Default 4 GiB.
+        explain: log why each miss happened at WARNING (else DEBUG).
+        verify: audit mode: every warm hit is also traced and lowered, and a mismatch with the
+            stored module raises :class:`kiln.VerifyError`.
+        strict: a store or decode failure raises :class:`kiln.StoreError` instead of a warning
+            followed by a recompile.
+        signing_key: if set, entries carry an HMAC-SHA256 under this key instead of a plain
+            SHA-256 digest, and entries not signed with it are refused.
+        progress: show a progress line on stderr while a compile runs longer than ~1.5 s
+            (``None``: only when stderr is a terminal).
+    """
+
+    cache_dir: Path
+    store: str | None = None
+    max_size: int = 4 * _GIB
+    explain: bool = False
+    verify: bool = False
+    strict: bool = False
+    signing_key: str | None = None
+    progress: bool | None = None
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_overrides: dict[str, Any] = {}
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "kiln_config", default={}
+)
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+
+
+def parse_size(value: str | int, *, name: str = "max_size") -> int:
+    """Parse a size in bytes: an int, or a string such as ``"4GiB"``, ``"500MB"``, ``"10k"``.
+
+    Decimal units (kB, MB, GB, TB) are powers of 1000, binary units (KiB, MiB, GiB, TiB) powers
+    of 1024.
+
+    Raises:
+        ConfigError: the value is not a non-negative size; the message names ``name``.
+
+    >>> parse_size("4GiB")
+    4294967296
+    >>> parse_size("1.5MB")
+    1500000
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a size in bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0 bytes, got {value}")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if m is None:
+        raise ConfigError(
+            f"{name} must be a size such as '4GiB', '500MB' or '1048576', got {value!r}"
+        )
+    number, unit = m.group(1), (m.group(2) or "").lower()
+    binary = "i" in unit
+    letter = unit[:1] if unit[:1] != "b" else ""
+    scale = 1024 ** " kmgt".index(letter) if binary and letter else _UNITS[letter]
+    return int(float(number) * scale)
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"KILN_{name.upper()} must be 0 or 1, got {raw!r}")
+
+
+def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
+    if name == "cache_dir":
+        return Path(value).expanduser()
+    if name == "max_size":
+        return parse_size(value, name="KILN_MAX_SIZE" if from_env else "max_size")
+    if name in ("explain", "verify", "strict"):
+        return _parse_bool(name, value) if from_env else bool(value)
+    if name == "progress":
+        if value is None:
+            return None
+        return _parse_bool(name, value) if from_env else bool(value)
+    if name in ("store", "signing_key"):
+        return None if value in (None, "") else str(value)
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _default_cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("kiln", appauthor=False))
+
+
+def get_config() -> Config:
+    """The configuration in force now (context manager > configure() > env var > default)."""
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        env = os.environ.get(f"KILN_{name.upper()}")
+        if env is not None:
+            values[name] = _coerce(name, env, from_env=True)
+    values.update(_overrides)
+    values.update(_context.get())
+    values.setdefault("cache_dir", _default_cache_dir())
+    return Config(**values)
+
+
+def _validate(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for name, value in kwargs.items():
+        if name not in _FIELDS:
+            raise ConfigError(
+                f"unknown kiln setting {name!r}; known settings: {', '.join(sorted(_FIELDS))}"
+            )
+        out[name] = _coerce(name, value, from_env=False)
+    return out
+
+
+def configure(**kwargs: Any) -> None:
+    """Set kiln settings for this process (see :class:`Config` for the fields).
+
+    Passing ``None`` for a field removes the process-wide override (the environment variable or
+    default applies again).
+
+    Raises:
+        ConfigError: an unknown field or an invalid value.
+
+    Example:
+        >>> import kiln
+        >>> kiln.configure(max_size="1GiB")
+        >>> kiln.configure(max_size=None)
+    """
+    for name, value in kwargs.items():
+        if value is None and name in _FIELDS:
+            _overrides.pop(name, None)
+        else:
+            _overrides.update(_validate({name: value}))
+
+
+@contextlib.contextmanager
+def config_context(**kwargs: Any) -> Iterator[Config]:
+    """Override kiln settings inside a ``with`` block (this thread / task only).
+
+    Example:
+        >>> import kiln
+        >>> with kiln.config_context(store="memory") as cfg:
+        ...     cfg.store
+        'memory'
+    """
+    token = _context.set({**_context.get(), **_validate(kwargs)})
+    try:
+        yield get_config()
+    finally:
+        _context.reset(token)

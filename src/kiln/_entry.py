@@ -1,0 +1,123 @@
+"""The on-disk (and in-store) format of one entry.
+
+An entry is one blob, little-endian::
+
+    offset  size  field
+    0       8     magic b"KILNENT\\x00"
+    8       4     format version (u32)            -- FORMAT_VERSION
+    12      4     header length H (u32)
+    16      8     payload length P (u64)
+    24      1     digest kind: 0 = SHA-256, 1 = HMAC-SHA256 under the configured signing key
+    25      7     zero padding
+    32      H     header: UTF-8 JSON object (plain data: key parts, versions, platform, compile
+                  seconds, sizes, manifest, payload section table)
+    32+H    P     payload: the sections named in header["sections"] as [offset, length] pairs
+                  relative to the payload start (executable bytes, pickled call metadata,
+                  pickled host callbacks)
+    32+H+P  32    digest over bytes [0, 32+H+P)
+
+:func:`decode` checks the magic, version, lengths and the digest **before** any byte of the
+header or payload is parsed. What is trusted: an entry whose digest verifies is taken to have
+been written by kiln; its payload contains native code (the XLA executable) and pickles
+(decoded only after the digest verifies). Whoever can write to a store can therefore run code
+in its readers: the local store is private to its user (0700); configure ``signing_key`` for
+any store that others can write to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import EntryError
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "peek_header"]
+
+MAGIC = b"KILNENT\x00"
+#: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIIQB7x")
+_DIGEST_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A decoded entry: the JSON header and the named payload sections (bytes)."""
+
+    header: dict[str, Any]
+    sections: dict[str, bytes]
+
+
+def _digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
+    if signing_key:
+        return hmac.new(signing_key.encode(), data, hashlib.sha256).digest()
+    return hashlib.sha256(data).digest()
+
+
+def encode(header: dict[str, Any], sections: dict[str, bytes], *, signing_key: str | None) -> bytes:
+    """Serialize an entry. ``header`` must be JSON-serializable plain data."""
+    table = {}
+    offset = 0
+    for name, data in sections.items():
+        table[name] = [offset, len(data)]
+        offset += len(data)
+    header_bytes = json.dumps({**header, "sections": table}, sort_keys=True).encode()
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes), offset, 1 if signing_key else 0)
+    body = b"".join([prefix, header_bytes, *sections.values()])
+    return body + _digest(body, signing_key)
+
+
+def _check_prefix(blob: bytes | memoryview) -> tuple[int, int, int]:
+    if len(blob) < _PREFIX.size:
+        raise EntryError(f"entry is truncated ({len(blob)} bytes, shorter than its prefix)")
+    magic, version, hlen, plen, kind = _PREFIX.unpack_from(blob)
+    if magic != MAGIC:
+        raise EntryError("entry has a foreign format (bad magic bytes)")
+    if version != FORMAT_VERSION:
+        raise EntryError(f"entry has format version {version}; this kiln reads {FORMAT_VERSION}")
+    return hlen, plen, kind
+
+
+def decode(blob: bytes, *, signing_key: str | None) -> Entry:
+    """Verify and decode an entry.
+
+    Raises:
+        EntryError: truncated, foreign, other format version, unsigned when a key is configured
+            (or signed when none is), or a digest mismatch (corrupt or tampered).
+    """
+    view = memoryview(blob)
+    hlen, plen, kind = _check_prefix(view)
+    end = _PREFIX.size + hlen + plen
+    if len(view) != end + _DIGEST_SIZE:
+        raise EntryError(f"entry is truncated or padded ({len(view)} bytes, expected {end + 32})")
+    if kind != (1 if signing_key else 0):
+        raise EntryError(
+            "entry is signed but no signing_key is configured"
+            if kind
+            else "entry is not signed but a signing_key is configured"
+        )
+    if not hmac.compare_digest(_digest(view[:end], signing_key), bytes(view[end:])):
+        raise EntryError("entry digest mismatch (corrupt or tampered)")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + hlen]))
+        payload = view[_PREFIX.size + hlen : end]
+        sections = {n: bytes(payload[o : o + n_]) for n, (o, n_) in header["sections"].items()}
+    except (ValueError, KeyError, TypeError) as e:  # pragma: no cover - digest verified
+        raise EntryError(f"entry header is malformed: {e}") from None
+    return Entry(header, sections)
+
+
+def peek_header(blob: bytes) -> dict[str, Any]:
+    """Read only the JSON header (no digest check): for listing, never for loading."""
+    hlen, _, _ = _check_prefix(blob)
+    try:
+        header = json.loads(bytes(blob[_PREFIX.size : _PREFIX.size + hlen]))
+    except ValueError as e:
+        raise EntryError(f"entry header is malformed: {e}") from None
+    if not isinstance(header, dict):
+        raise EntryError("entry header is not a JSON object")
+    return header

@@ -1,0 +1,187 @@
+"""Everything kiln needs from JAX's private modules, in one place (checked on jax 0.10.2).
+
+Each private name used here says what it is and since when it has that shape. Nothing else in
+kiln imports ``jax._src``; when jax changes, this is the one file to port.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import cloudpickle
+import jax
+
+# jax._src.config.trace_context / trace_context_names: the tuple of config values that jax's
+# own jit cache keys on (x64, default matmul precision, dtype promotion, ...). Names since
+# jaxlib extension 455 (jax 0.7); both present in 0.10.2.
+from jax._src import config as _jax_config
+
+# jax._src.stages.Compiled(executable, const_args, args_info, out_tree, no_kwargs): the AOT
+# compiled object whose __call__ has a C++ fast path. Constructor shape as of jax 0.8-0.10.
+from jax._src import stages as _stages
+
+# jax._src.lib.xla_client: Client, Device, DeviceList, LoadedExecutable types (jaxlib 0.4+).
+from jax._src.lib import xla_client as _xc
+
+__all__ = [
+    "Unserializable",
+    "trace_context",
+    "host_callbacks",
+    "lowered_text",
+    "serialize_compiled",
+    "load_compiled",
+]
+
+_ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class Unserializable(Exception):
+    """This compiled program cannot be written as an entry (and why)."""
+
+
+def trace_context() -> list[tuple[str, str]]:
+    """(name, repr) of every jax config value that changes tracing, addresses stripped."""
+    values = _jax_config.trace_context()
+    try:
+        names = list(_jax_config.trace_context_names())
+    except NotImplementedError:  # pragma: no cover - older jaxlib
+        names = [f"trace_context[{i}]" for i in range(len(values))]
+    return [(n, _ADDR.sub("", repr(v))) for n, v in zip(names, values, strict=True)]
+
+
+def host_callbacks(lowered: jax.stages.Lowered) -> list[Any]:
+    """The Python callables a lowering registered as host callbacks, in registration order.
+
+    ``Lowered._lowering.compile_args['host_callbacks']`` (jax 0.4.14+): the order is the one
+    ``Client.deserialize_executable(..., host_callbacks=...)`` needs.
+    """
+    return list(lowered._lowering.compile_args.get("host_callbacks", ()))  # type: ignore[attr-defined]
+
+
+def lowered_text(lowered: jax.stages.Lowered) -> str:
+    """The lowered StableHLO module as text (no debug locations), for audit digests."""
+    return lowered.as_text()
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles an UnloadedMeshExecutable with the XLA executable, devices and client as ids."""
+
+    def __init__(self, file: io.BytesIO, callbacks: list[Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._callbacks = callbacks
+        self.executable: bytes | None = None
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, _xc.LoadedExecutable):
+            self.executable = obj.client.serialize_executable(obj)
+            return ("exec",)
+        if isinstance(obj, _xc.Device):
+            return ("device", obj.id)
+        if isinstance(obj, _xc.Client):
+            return ("client",)
+        if isinstance(obj, _xc.DeviceList):
+            return ("devices", tuple(d.id for d in obj))
+        if obj is self._callbacks:
+            return ("callbacks",)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, executable: bytes, callbacks: list[Any]) -> None:
+        super().__init__(file)
+        self._backend = jax.devices()[0].client
+        self._by_id = {d.id: d for d in self._backend.devices()}
+        self._executable = executable
+        self._callbacks = callbacks
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind = pid[0]
+        if kind == "exec":
+            devices = _xc.DeviceList(tuple(self._backend.devices()))
+            return self._backend.deserialize_executable(
+                self._executable, devices, None, host_callbacks=self._callbacks
+            )
+        if kind == "device":
+            return self._by_id[pid[1]]
+        if kind == "client":
+            return self._backend
+        if kind == "devices":
+            return _xc.DeviceList(tuple(self._by_id[i] for i in pid[1]))
+        if kind == "callbacks":
+            return self._callbacks
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes], str]:
+    """Split a freshly compiled program into entry sections.
+
+    Must run before the executable's first execution (a while loop's executable refuses to
+    serialize once run on CPU: "UNIMPLEMENTED: `LessThan` is not serializable").
+
+    Returns:
+        (sections, callbacks_mode): sections ``exec`` (XLA executable bytes), ``meta`` (pickled
+        call metadata: shardings, avals, layouts, args_info, out_tree) and, when the program has
+        host callbacks that cloudpickle can serialize, ``callbacks``. ``callbacks_mode`` is
+        ``"none"``, ``"stored"`` (warm start needs no tracing) or ``"trace"`` (the callables
+        could not be pickled: a warm start must trace and lower to rebuild them, then loads the
+        executable instead of compiling).
+
+    Raises:
+        Unserializable: the program closes over large constants (``const_args``) or mutable
+            array refs, or its executable cannot be serialized.
+    """
+    executable = compiled._executable  # MeshExecutable (jax 0.4+)
+    unloaded = getattr(executable, "_unloaded_executable", None)
+    if unloaded is None:
+        raise Unserializable("this executable kind does not support serialization")
+    if compiled._params.const_args:
+        raise Unserializable("the program closes over large constants (const_args)")
+    if getattr(unloaded, "mut", None) is not None and unloaded.mut.in_mut:
+        raise Unserializable("the program closes over a mutable array ref")
+    callbacks = list(unloaded.host_callbacks)
+    sections: dict[str, bytes] = {}
+    mode = "none"
+    if callbacks:
+        try:
+            sections["callbacks"] = cloudpickle.dumps(callbacks, protocol=pickle.HIGHEST_PROTOCOL)
+            mode = "stored"
+        except Exception:  # noqa: BLE001 - any pickling failure means "rebuild by tracing"
+            mode = "trace"
+    buf = io.BytesIO()
+    pickler = _Pickler(buf, unloaded.host_callbacks)
+    try:
+        pickler.dump((unloaded, compiled.args_info, compiled.out_tree, compiled._no_kwargs))
+    except Exception as e:  # noqa: BLE001
+        raise Unserializable(f"{type(e).__name__}: {e}") from None
+    if pickler.executable is None:  # pragma: no cover
+        raise Unserializable("no XLA executable found in the compiled program")
+    sections["exec"] = pickler.executable
+    sections["meta"] = buf.getvalue()
+    return sections, mode
+
+
+def load_compiled(
+    sections: dict[str, bytes], callbacks: Sequence[Any] | None = None
+) -> jax.stages.Compiled:
+    """Rebuild a callable ``jax.stages.Compiled`` from entry sections (no trace, no compile).
+
+    ``callbacks``: the host callables from a fresh lowering (callbacks mode ``"trace"``); when
+    ``None`` they come from the ``callbacks`` section, or there are none.
+    Only call this on sections whose entry digest has verified: it unpickles.
+    """
+    if callbacks is None:
+        callbacks = cloudpickle.loads(sections["callbacks"]) if "callbacks" in sections else []
+    cbs = list(callbacks)
+    unloaded, args_info, out_tree, no_kwargs = _Unpickler(
+        io.BytesIO(sections["meta"]), sections["exec"], cbs
+    ).load()
+    return _stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs)
+
+
+def is_tracer(x: Any) -> bool:
+    """True for a JAX tracer (abstract value under a transformation)."""
+    return isinstance(x, jax.core.Tracer)

@@ -1,0 +1,45 @@
+"""Stores: where entries live. One protocol (:class:`Store`), several backends."""
+
+from __future__ import annotations
+
+import threading
+
+from .._config import Config
+from ._base import EntryStat as EntryStat
+from ._base import Store as Store
+from ._local import LocalStore as LocalStore
+from ._memory import MemoryStore as MemoryStore
+from ._memory import NullStore as NullStore
+
+__all__ = ["EntryStat", "LocalStore", "MemoryStore", "NullStore", "Store", "open_store"]
+
+_cache: dict[tuple[object, ...], Store] = {}
+_lock = threading.Lock()
+
+
+def open_store(config: Config) -> Store:
+    """The store named by ``config.store`` (one instance per distinct setting per process).
+
+    ``None`` / ``"local"``: :class:`LocalStore` at ``config.cache_dir``; ``"memory"``;
+    ``"null"`` / ``"off"``; any other string is a local directory path (``file://`` allowed).
+    """
+    url = config.store
+    ident: tuple[object, ...]
+    if url in (None, "", "local"):
+        ident = ("local", str(config.cache_dir), config.max_size)
+    elif url in ("memory", "null", "off"):
+        ident = (url,)
+    else:
+        path = url[len("file://"):] if url.startswith("file://") else url
+        ident = ("local", path, config.max_size)
+    with _lock:
+        store = _cache.get(ident)
+        if store is None:
+            if ident[0] == "local":
+                store = LocalStore(str(ident[1]), max_size=config.max_size)
+            elif ident[0] == "memory":
+                store = MemoryStore()
+            else:
+                store = NullStore()
+            _cache[ident] = store
+        return store

@@ -1,0 +1,74 @@
+"""The store protocol every backend implements (get / put / delete / iterate / stat)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from .._entry import peek_header
+from .._errors import EntryError
+
+__all__ = ["EntryStat", "Store", "read_header"]
+
+
+@dataclass(frozen=True)
+class EntryStat:
+    """Metadata of one stored entry.
+
+    Attributes:
+        key: the entry's key (64 hex characters).
+        size: bytes.
+        created: POSIX seconds when the entry was written.
+        last_used: POSIX seconds when it was last read or written.
+    """
+
+    key: str
+    size: int
+    created: float
+    last_used: float
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Where entries live. Keys are 64-character hex strings; values are entry blobs (bytes).
+
+    Implementations never raise on a missing key (``get`` returns ``None``, ``delete`` returns
+    ``False``); I/O failures raise ``OSError`` and callers turn them into warnings.
+    """
+
+    url: str
+
+    def get(self, key: str) -> bytes | None:
+        """The blob stored under ``key``, or ``None``. Marks the entry as used."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` atomically (readers see the old blob or the new one)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; ``True`` if it existed."""
+        ...
+
+    def iter(self) -> Iterator[str]:
+        """Iterate over all keys."""
+        ...
+
+    def stat(self, key: str) -> EntryStat | None:
+        """Size and times of ``key``, or ``None``."""
+        ...
+
+    def header(self, key: str) -> dict[str, Any] | None:
+        """The entry's JSON header without reading its payload (for listings), or ``None``."""
+        ...
+
+
+def read_header(blob: bytes | None) -> dict[str, Any] | None:
+    """Header of a blob, or ``None`` when the blob is missing or unreadable."""
+    if blob is None:
+        return None
+    try:
+        return peek_header(blob)
+    except EntryError:
+        return None
