@@ -1,0 +1,589 @@
+"""Canonical, cross-process digests of static arguments.
+
+A static argument is hashed BY VALUE into a 128-bit ``xxh3_128`` digest (32 hex chars). The
+digest is used twice: as an in-process dictionary key, and as one part of the persistent cache
+key, so it must be identical across processes, machines and Python hash seeds. It therefore never
+uses ``hash()`` of a ``str``, ``id()``, ``repr()`` of arbitrary objects or pickle.
+
+What "equal" means:
+
+* Two values get the same digest when they have the same type tag and the same canonical content.
+  ``1``, ``1.0``, ``True``, ``"1"``, ``np.int32(1)`` and ``np.float32(1)`` all differ.
+* Floats are compared by IEEE-754 bits: ``-0.0`` differs from ``0.0`` and a NaN equals a NaN with
+  the same bits (unlike ``==``).
+* ``dict`` keys and ``set``/``frozenset`` elements are sorted by their own digest, so insertion
+  order does not matter.
+* Arrays are hashed by dtype + shape + logical bytes (C order): a non-contiguous view equals its
+  contiguous copy; ``(2, 2)`` and ``(4,)`` zeros differ; ``int32`` and ``float32`` arrays with the
+  same bytes differ. NumPy arrays are mutable, so their digest is recomputed on every call (about
+  10 GB/s). A ``jax.Array`` has the same digest as ``np.asarray(x)`` (so ``jnp.asarray(a)`` and
+  ``a`` agree), except that a weakly typed ``jax.Array`` additionally records ``weak_type`` because
+  it changes type promotion when traced. ``jax.Array`` digests are computed once per object and
+  memoised (they are immutable).
+* Functions, classes, enum classes, dataclass classes and pytree node types are identified by
+  ``module`` + ``qualname``, and only when that name imports back to the very same object. The
+  code of a function is NOT fingerprinted: editing an imported helper does not change the digest.
+  A lambda, a local function or class, or any other object hashed by identity raises
+  :class:`Unpersistable`; it still works as an in-process static argument (the caller falls back
+  to a slower, process-local path).
+* An object may define ``__kiln_digest__(self) -> bytes | str`` to supply its own canonical digest.
+
+Byte layout (what is fed to the hasher; changing it requires bumping kiln's entry format
+version, see the golden tests in ``tests/test_hashing.py``). ``u64`` is a little-endian unsigned
+64-bit length or count, ``i64`` signed; ``str`` below means ``u64 length + UTF-8 bytes``
+(``surrogatepass``); ``name`` means ``str module + str qualname``; ``<value>`` is a recursive
+encoding; ``digest`` is the 16 raw bytes of a nested ``xxh3_128``::
+
+    None                 b"N"
+    bool                 b"T" | b"F"
+    int in [-2**63,2**63) b"i" i64
+    other int            b"I" u64 n + n bytes two's complement little-endian
+    float                b"f" + struct.pack("<d")
+    complex              b"c" + struct.pack("<dd")
+    str                  b"s" str
+    bytes / bytearray    b"b" / b"B"  u64 + bytes
+    tuple / list         b"(" / b"["  u64 count + <value>...
+    dict                 b"{" u64 count + (key digest + <value>)... sorted by key digest
+    frozenset / set      b"Z" / b"z"  u64 count + element digest... sorted
+    array                b"A" digest, where the array digest hashes
+                             dtype + u64 ndim + i64 per dim + C-order bytes (+ b"w" if weak jax)
+    numpy scalar         b"g" dtype + u64 + bytes
+    numpy dtype          b"d" dtype           (dtype = str dtype.str [+ str(dtype) for kind "V"])
+    enum member          b"E" name + str member name + <value>
+    type                 b"Y" name
+    importable object    b"G" name            (functions, jitted functions, jnp.float32, ...)
+    functools.partial    b"P" <func> <args tuple> <keywords dict>
+    ShapeDtypeStruct     b"J" <shape tuple> dtype + b"T"/b"F" weak_type
+    dataclass instance   b"D" name + u64 count + (str field name + <value>)...
+    builtin subclass     b"X" name + <value as the builtin base type>
+    pytree node          b"R" name + <aux data> + u64 count + <child>...
+    __kiln_digest__      b"U" name + u64 + bytes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import struct
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import xxhash
+
+from ._errors import StaticArgumentError
+
+__all__ = ["Unpersistable", "array_digest", "static_digest"]
+
+
+class Unpersistable(Exception):
+    """A static argument is usable in-process but has no canonical cross-process digest.
+
+    Raised by :func:`static_digest` for hashable objects that are compared by identity (a lambda,
+    a local function, an instance with the default ``__hash__``). The caller falls back to a
+    process-local path keyed by ``hash``/``==``, exactly like ``jax.jit``'s static arguments.
+    """
+
+
+# Path through a nested value, built lazily: None (root) or (parent, kind, key). Formatted only
+# when an error is raised, in jax ``keystr`` style: ``[0]``, ``['key']``, ``.attr``.
+_Path = tuple[Any, int, Any] | None
+_INDEX, _KEY, _ATTR, _JAXKEY = 0, 1, 2, 3
+
+_pack_q = struct.Struct("<Q").pack
+_pack_i64 = struct.Struct("<q").pack
+_pack_d = struct.Struct("<d").pack
+_pack_dd = struct.Struct("<dd").pack
+_new_hasher = xxhash.xxh3_128
+_Hasher = Any  # xxhash.xxh3_128 instance
+
+
+def _format_path(path: _Path) -> str:
+    parts: list[str] = []
+    while path is not None:
+        path, kind, key = path
+        if kind == _INDEX:
+            parts.append(f"[{key}]")
+        elif kind == _KEY:
+            parts.append(f"[{key!r}]")
+        elif kind == _ATTR:
+            parts.append(f".{key}")
+        else:
+            parts.append(jax.tree_util.keystr((key,)))
+    return "".join(reversed(parts))
+
+
+def _where(argname: str, path: _Path) -> str:
+    text = _format_path(path)
+    return f"static argument {argname!r}" + (f" (path: {text})" if text else "")
+
+
+def _type_name(tp: type) -> str:
+    return f"{tp.__module__}.{tp.__qualname__}"
+
+
+def _importable_name(obj: Any) -> tuple[str, str] | None:
+    """``(module, qualname)`` if importing that name gives back ``obj`` itself, else None."""
+    try:
+        module = obj.__module__
+        qualname = getattr(obj, "__qualname__", None) or obj.__name__
+    except AttributeError:
+        return None
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return None
+    target: Any = sys.modules.get(module)
+    if target is None:
+        return None
+    for part in qualname.split("."):
+        target = getattr(target, part, _MISSING)
+        if target is _MISSING:
+            return None
+    return (module, qualname) if target is obj else None
+
+
+_MISSING = object()
+
+
+def _write_str(h: _Hasher, s: str) -> None:
+    data = s.encode("utf-8", "surrogatepass")
+    h.update(_pack_q(len(data)))
+    h.update(data)
+
+
+def _write_name(h: _Hasher, obj: Any, what: str, argname: str, path: _Path) -> None:
+    name = _importable_name(obj)
+    if name is None:
+        raise Unpersistable(
+            f"{_where(argname, path)}: {what} {_describe(obj)} cannot be imported back by its "
+            "module and qualname, so it has no canonical cross-process digest. Define it at the "
+            "top level of a module, give the value a __kiln_digest__ method, or mark the "
+            "argument as dynamic."
+        )
+    _write_str(h, name[0])
+    _write_str(h, name[1])
+
+
+def _describe(obj: Any) -> str:
+    mod = getattr(obj, "__module__", None)
+    qual = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if isinstance(mod, str) and isinstance(qual, str):
+        return f"{mod}.{qual}"
+    return f"of type {_type_name(type(obj))}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays
+
+
+_DTYPE_BYTES: dict[np.dtype[Any], bytes] = {}
+
+
+def _dtype_bytes(dtype: np.dtype[Any]) -> bytes:
+    out = _DTYPE_BYTES.get(dtype)
+    if out is None:
+        text = dtype.str
+        if dtype.kind == "V":
+            # "<V2" is shared by bfloat16, float16 variants and raw void; str() tells them apart
+            # (and spells out the fields of a structured dtype).
+            text += "|" + str(dtype)
+        data = text.encode("utf-8")
+        out = _pack_q(len(data)) + data
+        _DTYPE_BYTES[dtype] = out
+    return out
+
+
+def _object_array_error(argname: str, path: _Path) -> StaticArgumentError:
+    return StaticArgumentError(
+        f"{_where(argname, path)} is an object array; object arrays cannot be hashed by value. "
+        "Pass a numeric array or mark the argument as dynamic."
+    )
+
+
+def _tracer_error(value: Any, argname: str, path: _Path) -> StaticArgumentError:
+    aval = getattr(value, "aval", None)
+    return StaticArgumentError(
+        f"{_where(argname, path)} is a traced value ({aval}); static arguments must be concrete "
+        "values known at trace time. Pass a concrete NumPy or Python value, or mark the argument "
+        "as dynamic."
+    )
+
+
+def _ndarray_digest(a: np.ndarray[Any, Any], extra: bytes, argname: str, path: _Path) -> bytes:
+    dtype = a.dtype
+    if dtype.hasobject:
+        raise _object_array_error(argname, path)
+    h = _new_hasher()
+    h.update(_dtype_bytes(dtype))
+    ndim = a.ndim
+    h.update(_pack_q(ndim))
+    if ndim:
+        h.update(struct.pack(f"<{ndim}q", *a.shape))
+    if a.nbytes:
+        # No copy when already C-contiguous; a view of the logical content otherwise.
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        h.update(flat)
+    h.update(extra)
+    return h.digest()
+
+
+def _jax_array_digest_uncached(x: Any) -> bytes:
+    """Digest of a concrete ``jax.Array``: the digest of ``np.asarray(x)`` (+ weak_type marker)."""
+    extra = b"w" if getattr(x, "weak_type", False) else b""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended):
+        # Typed PRNG keys: hash the key dtype name and the raw key data.
+        data = np.asarray(jax.random.key_data(x))
+        marker = str(x.dtype).encode("utf-8")
+        return _ndarray_digest(data, b"k" + _pack_q(len(marker)) + marker + extra, "", None)
+    return _ndarray_digest(np.asarray(x), extra, "", None)
+
+
+# id(x) -> (weakref to x, digest). The weakref callback drops the entry when x dies; a lookup
+# also checks the weakref still points at x, so a reused id() can never return a stale digest.
+_JAX_MEMO: dict[int, tuple[weakref.ref[Any], bytes]] = {}
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    entry = _JAX_MEMO.get(key)
+    if entry is not None and entry[0] is ref:
+        _JAX_MEMO.pop(key, None)
+
+
+def _jax_array_digest(x: Any, argname: str, path: _Path) -> bytes:
+    key = id(x)
+    entry = _JAX_MEMO.get(key)
+    if entry is not None and entry[0]() is x:
+        return entry[1]
+    try:
+        digest = _jax_array_digest_uncached(x)
+    except StaticArgumentError:
+        raise _object_array_error(argname, path) from None
+    except Exception as e:  # deleted/donated buffers, non-addressable shards, ...
+        raise StaticArgumentError(
+            f"{_where(argname, path)} is a jax.Array whose value cannot be read on the host "
+            f"({type(e).__name__}: {e}). Pass a fully addressable, live array or mark the "
+            "argument as dynamic."
+        ) from e
+    try:
+        ref = weakref.ref(x, functools.partial(_forget, key))
+    except TypeError:
+        return digest  # weakref not supported: no memo
+    _JAX_MEMO[key] = (ref, digest)
+    return digest
+
+
+def _array_digest_bytes(x: Any, argname: str, path: _Path) -> bytes:
+    if isinstance(x, jax.core.Tracer):
+        raise _tracer_error(x, argname, path)
+    if isinstance(x, jax.Array):
+        return _jax_array_digest(x, argname, path)
+    if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+            raise StaticArgumentError(
+                f"{_where(argname, path)} is an instance of the ndarray subclass "
+                f"{_type_name(type(x))}, which cannot be hashed by value. Pass np.asarray(x) or "
+                "mark the argument as dynamic."
+            )
+        return _ndarray_digest(x, b"", argname, path)
+    if isinstance(x, np.generic):
+        return _ndarray_digest(np.asarray(x), b"", argname, path)
+    raise TypeError(f"expected a NumPy array, NumPy scalar or jax.Array, got {type(x).__name__}")
+
+
+def array_digest(x: Any) -> str:
+    """Hex ``xxh3_128`` digest (32 chars) of an array's dtype, shape and logical bytes.
+
+    Args:
+        x: A ``np.ndarray``, NumPy scalar (treated as a 0-d array) or concrete ``jax.Array``.
+
+    Returns:
+        32 lowercase hex characters. A ``jax.Array`` gets the digest of ``np.asarray(x)``
+        (plus a weak-type marker when ``x.weak_type``), computed once per object and memoised;
+        NumPy arrays are re-hashed on every call because they are mutable.
+
+    Raises:
+        StaticArgumentError: ``x`` is an object array or a tracer.
+        TypeError: ``x`` is not an array.
+
+    Example:
+        >>> import numpy as np
+        >>> array_digest(np.zeros((2, 2))) == array_digest(np.zeros((4,)))
+        False
+    """
+    return _array_digest_bytes(x, "<array>", None).hex()
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical encoder
+
+_Encoder = Callable[[_Hasher, Any, str, _Path], None]
+
+
+def _enc_none(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    h.update(b"N")
+
+
+def _enc_bool(h: _Hasher, v: bool, argname: str, path: _Path) -> None:
+    h.update(b"T" if v else b"F")
+
+
+def _enc_int(h: _Hasher, v: int, argname: str, path: _Path) -> None:
+    if -0x8000000000000000 <= v <= 0x7FFFFFFFFFFFFFFF:
+        h.update(b"i" + _pack_i64(v))
+    else:
+        data = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+        h.update(b"I" + _pack_q(len(data)))
+        h.update(data)
+
+
+def _enc_float(h: _Hasher, v: float, argname: str, path: _Path) -> None:
+    h.update(b"f" + _pack_d(v))
+
+
+def _enc_complex(h: _Hasher, v: complex, argname: str, path: _Path) -> None:
+    h.update(b"c" + _pack_dd(v.real, v.imag))
+
+
+def _enc_str(h: _Hasher, v: str, argname: str, path: _Path) -> None:
+    data = v.encode("utf-8", "surrogatepass")
+    h.update(b"s" + _pack_q(len(data)))
+    h.update(data)
+
+
+def _enc_bytes(h: _Hasher, v: bytes, argname: str, path: _Path) -> None:
+    h.update(b"b" + _pack_q(len(v)))
+    h.update(v)
+
+
+def _enc_bytearray(h: _Hasher, v: bytearray, argname: str, path: _Path) -> None:
+    h.update(b"B" + _pack_q(len(v)))
+    h.update(v)
+
+
+def _enc_seq(tag: bytes) -> _Encoder:
+    def enc(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+        h.update(tag + _pack_q(len(v)))
+        for i, item in enumerate(v):
+            _encode(h, item, argname, (path, _INDEX, i))
+
+    return enc
+
+
+def _sub_digest(v: Any, argname: str, path: _Path) -> bytes:
+    h = _new_hasher()
+    _encode(h, v, argname, path)
+    return h.digest()
+
+
+def _enc_dict(h: _Hasher, v: dict[Any, Any], argname: str, path: _Path) -> None:
+    items = sorted(
+        ((_sub_digest(k, argname, (path, _KEY, k)), k, val) for k, val in v.items()),
+        key=lambda t: t[0],
+    )
+    h.update(b"{" + _pack_q(len(items)))
+    for kd, k, val in items:
+        h.update(kd)
+        _encode(h, val, argname, (path, _KEY, k))
+
+
+def _enc_set(tag: bytes) -> _Encoder:
+    def enc(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+        digests = sorted(_sub_digest(item, argname, path) for item in v)
+        h.update(tag + _pack_q(len(digests)))
+        for d in digests:
+            h.update(d)
+
+    return enc
+
+
+_EXACT: dict[type, _Encoder] = {
+    type(None): _enc_none,
+    bool: _enc_bool,
+    int: _enc_int,
+    float: _enc_float,
+    complex: _enc_complex,
+    str: _enc_str,
+    bytes: _enc_bytes,
+    bytearray: _enc_bytearray,
+    tuple: _enc_seq(b"("),
+    list: _enc_seq(b"["),
+    dict: _enc_dict,
+    frozenset: _enc_set(b"Z"),
+    set: _enc_set(b"z"),
+}
+
+# Builtin bases, most specific first, for subclasses (IntEnum and friends are caught earlier).
+_BUILTIN_BASES: tuple[type, ...] = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bytearray,
+    tuple,
+    list,
+    dict,
+    frozenset,
+    set,
+)
+
+
+def _encode(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    enc = _EXACT.get(type(v))
+    if enc is not None:
+        enc(h, v, argname, path)
+    else:
+        _encode_other(h, v, argname, path)
+
+
+def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    tp = type(v)
+    if isinstance(v, (jax.Array, np.ndarray)):
+        h.update(b"A")
+        h.update(_array_digest_bytes(v, argname, path))
+        return
+    if isinstance(v, np.generic):
+        if v.dtype.hasobject:
+            raise _object_array_error(argname, path)
+        data = v.tobytes()
+        h.update(b"g" + _dtype_bytes(v.dtype) + _pack_q(len(data)))
+        h.update(data)
+        return
+    if isinstance(v, np.dtype):
+        h.update(b"d" + _dtype_bytes(v))
+        return
+    hook = getattr(tp, "__kiln_digest__", None)
+    if hook is not None:
+        out = hook(v)
+        if isinstance(out, str):
+            out = out.encode("utf-8", "surrogatepass")
+        if not isinstance(out, bytes):
+            raise StaticArgumentError(
+                f"{_where(argname, path)}: {_type_name(tp)}.__kiln_digest__ returned "
+                f"{type(out).__name__}; it must return bytes or str."
+            )
+        h.update(b"U")
+        _write_str(h, tp.__module__)
+        _write_str(h, tp.__qualname__)
+        h.update(_pack_q(len(out)))
+        h.update(out)
+        return
+    if isinstance(v, enum.Enum):
+        h.update(b"E")
+        _write_name(h, tp, "enum class", argname, path)
+        _write_str(h, v.name)
+        _encode(h, v.value, argname, (path, _ATTR, "value"))
+        return
+    if isinstance(v, type):
+        h.update(b"Y")
+        _write_name(h, v, "class", argname, path)
+        return
+    if isinstance(v, functools.partial):
+        h.update(b"P")
+        _encode(h, v.func, argname, (path, _ATTR, "func"))
+        _encode(h, v.args, argname, (path, _ATTR, "args"))
+        _encode(h, v.keywords, argname, (path, _ATTR, "keywords"))
+        return
+    if isinstance(v, jax.ShapeDtypeStruct):
+        if getattr(v, "sharding", None) is not None:
+            raise Unpersistable(
+                f"{_where(argname, path)} is a jax.ShapeDtypeStruct with a sharding; shardings "
+                "have no canonical digest. Drop the sharding or mark the argument as dynamic."
+            )
+        h.update(b"J")
+        _encode(h, tuple(v.shape), argname, (path, _ATTR, "shape"))
+        h.update(_dtype_bytes(np.dtype(v.dtype)) + (b"T" if v.weak_type else b"F"))
+        return
+    if dataclasses.is_dataclass(v):
+        fields = dataclasses.fields(v)
+        h.update(b"D")
+        _write_name(h, tp, "dataclass", argname, path)
+        h.update(_pack_q(len(fields)))
+        for f in fields:
+            _write_str(h, f.name)
+            _encode(h, getattr(v, f.name), argname, (path, _ATTR, f.name))
+        return
+    if _encode_pytree(h, v, argname, path):
+        return
+    if isinstance(v, _BUILTIN_BASES):
+        base = next(b for b in _BUILTIN_BASES if isinstance(v, b))
+        h.update(b"X")
+        _write_name(h, tp, "class", argname, path)
+        _EXACT[base](h, base(v), argname, path)
+        return
+    if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or (
+        tp.__hash__ is not None and _importable_name(v) is not None
+    ):
+        h.update(b"G")
+        _write_name(h, v, "function", argname, path)
+        return
+    if tp.__hash__ is not None:
+        raise Unpersistable(
+            f"{_where(argname, path)} of type {_type_name(tp)} is hashed by identity and has no "
+            "canonical cross-process digest. Define __kiln_digest__(self) -> bytes on the class, "
+            "use a dataclass or an importable top-level object, or mark the argument as dynamic."
+        )
+    raise StaticArgumentError(
+        f"{_where(argname, path)} of type {_type_name(tp)} is not hashable and cannot be hashed "
+        "by value. Make it hashable (for example a frozen dataclass), define "
+        "__kiln_digest__(self) -> bytes, or mark the argument as dynamic."
+    )
+
+
+def _encode_pytree(h: _Hasher, v: Any, argname: str, path: _Path) -> bool:
+    """Encode ``v`` as a registered pytree node one level deep; False if it is a leaf."""
+    children, treedef = jax.tree_util.tree_flatten_with_path(v, is_leaf=lambda n: n is not v)
+    if treedef.num_nodes == 1 and treedef.num_leaves == 1:
+        return False  # v itself is a leaf: not a registered node
+    node_type, aux = treedef.node_data()
+    h.update(b"R")
+    _write_name(h, node_type, "pytree node type", argname, path)
+    _encode(h, aux, argname, (path, _ATTR, "<aux>"))
+    h.update(_pack_q(len(children)))
+    for keypath, child in children:
+        child_path = path
+        for k in keypath:
+            child_path = (child_path, _JAXKEY, k)
+        _encode(h, child, argname, child_path)
+    return True
+
+
+def static_digest(value: Any, *, argname: str) -> str:
+    """Hex ``xxh3_128`` digest (32 chars) of a static argument, stable across processes.
+
+    See the module docstring for what is hashed by value and what "equal" means.
+
+    Args:
+        value: The static argument value (any nesting of supported types).
+        argname: The argument's name, used in error messages.
+
+    Returns:
+        32 lowercase hex characters.
+
+    Raises:
+        StaticArgumentError: ``value`` (or something inside it, named by its path) cannot be a
+            static argument: an object array, a tracer, an unhashable object without a canonical
+            encoding, or a structure nested too deeply.
+        Unpersistable: ``value`` is usable as an in-process static argument but is hashed by
+            identity (a lambda, a local class, an object with the default ``__hash__``).
+
+    Example:
+        >>> static_digest(1, argname="n") == static_digest(1.0, argname="n")
+        False
+        >>> static_digest({"a": 1, "b": 2}, argname="d") == static_digest({"b": 2, "a": 1}, argname="d")
+        True
+    """
+    h = _new_hasher()
+    try:
+        _encode(h, value, argname, None)
+    except RecursionError:
+        raise StaticArgumentError(
+            f"static argument {argname!r} is nested too deeply or contains itself; it cannot be "
+            "hashed by value. Flatten it or mark the argument as dynamic."
+        ) from None
+    return h.hexdigest()
