@@ -226,7 +226,7 @@ def _ndarray_digest(a: np.ndarray[Any, Any], extra: bytes, argname: str, path: _
     if a.nbytes:
         # No copy when already C-contiguous; a view of the logical content otherwise.
         flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        h.update(flat)
+        h.update(flat.data)
     h.update(extra)
     return h.digest()
 
@@ -537,7 +537,8 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
 
 def _encode_pytree(h: _Hasher, v: Any, argname: str, path: _Path) -> bool:
     """Encode ``v`` as a registered pytree node one level deep; False if it is a leaf."""
-    children, treedef = jax.tree_util.tree_flatten_with_path(v, is_leaf=lambda n: n is not v)
+    children, treedef_ = jax.tree_util.tree_flatten_with_path(v, is_leaf=lambda n: n is not v)
+    treedef: Any = treedef_
     if treedef.num_nodes == 1 and treedef.num_leaves == 1:
         return False  # v itself is a leaf: not a registered node
     node_type, aux = treedef.node_data()
@@ -575,7 +576,8 @@ def static_digest(value: Any, *, argname: str) -> str:
     Example:
         >>> static_digest(1, argname="n") == static_digest(1.0, argname="n")
         False
-        >>> static_digest({"a": 1, "b": 2}, argname="d") == static_digest({"b": 2, "a": 1}, argname="d")
+        >>> a = static_digest({"a": 1, "b": 2}, argname="d")
+        >>> a == static_digest({"b": 2, "a": 1}, argname="d")
         True
     """
     h = _new_hasher()

@@ -1,0 +1,399 @@
+"""Tests for kiln._hashing: canonical, cross-process digests of static arguments."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import gc
+import http
+import subprocess
+import sys
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from kiln import _hashing
+from kiln._errors import StaticArgumentError
+from kiln._hashing import Unpersistable, array_digest, static_digest
+
+
+def d(value: Any) -> str:
+    return static_digest(value, argname="x")
+
+
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    n: int
+    scale: float
+
+
+class Model(eqx.Module):
+    w: jax.Array
+    act: str = eqx.field(static=True)
+
+
+def top_level_fn(x: Any) -> Any:
+    return x
+
+
+class Opaque:
+    """Hashable by identity only."""
+
+
+class Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Custom:
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __kiln_digest__(self) -> bytes:
+        return self.v.to_bytes(4, "little")
+
+
+# --------------------------------------------------------------------------------------------
+# Golden digests
+
+
+def test_golden_digests() -> None:
+    """Pinned digests: they are part of the persistent cache key.
+
+    Changing any of these values changes every stored key, so it requires bumping kiln's entry
+    format version (``_entry.py``) in the same change.
+    """
+    assert array_digest(np.arange(4, dtype=np.int32)) == "ac1e55c07d4f1a409ca0f7f9ef5f6bf6"
+    assert d(np.arange(4, dtype=np.int32)) == "1c07d8af041c1e263329c14680c180f8"
+    assert d((1, 2.5, "a")) == "f728be53d8d107b375f85a0da808ede3"
+    assert d({"b": 1, "a": None}) == "6b7bc6878812336cd557a5d74d1ea5cc"
+    assert d(1) == "5c0fabed007821c11267cbb5dcaed171"
+    assert d(http.HTTPStatus.OK) == "ed7b739cd8cd203f9b5d4e051d4c7992"
+
+
+@pytest.mark.slow
+def test_digest_is_stable_across_processes() -> None:
+    code = (
+        "from kiln._hashing import static_digest as s;"
+        "print(s(('a', frozenset({'x', 'y', 'z'}), {'k': 1.5, 'j': b'b'}), argname='x'))"
+    )
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": seed, "PYTHONPATH": ":".join(sys.path), "JAX_PLATFORMS": "cpu"},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert runs == {d(("a", frozenset({"x", "y", "z"}), {"k": 1.5, "j": b"b"}))}
+
+
+# --------------------------------------------------------------------------------------------
+# Scalars and containers
+
+
+def test_digest_format() -> None:
+    out = d(1)
+    assert len(out) == 32
+    int(out, 16)
+
+
+def test_type_tags_distinguish_equal_python_values() -> None:
+    values = [1, 1.0, True, "1", b"1", np.int32(1), np.float32(1), np.int64(1), (1,), [1], 1 + 0j]
+    assert len({d(v) for v in values}) == len(values)
+
+
+def test_none_false_zero_empty_differ() -> None:
+    values: list[Any] = [None, False, 0, 0.0, "", b"", (), [], {}, frozenset()]
+    assert len({d(v) for v in values}) == len(values)
+
+
+def test_float_by_bits() -> None:
+    assert d(0.0) != d(-0.0)
+    assert d(float("nan")) == d(float("nan"))
+    assert d(float("inf")) != d(float("-inf"))
+
+
+def test_big_ints() -> None:
+    values = [2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 2**200, -(2**200)]
+    assert len({d(v) for v in values}) == len(values)
+
+
+def test_dict_order_irrelevant() -> None:
+    assert d({"a": 1, "b": [2, 3], 4: None}) == d({4: None, "b": [2, 3], "a": 1})
+    assert d({"a": 1, "b": 2}) != d({"a": 2, "b": 1})
+
+
+def test_set_order_irrelevant() -> None:
+    assert d(frozenset(["x", "y", "z"])) == d(frozenset(["z", "y", "x"]))
+    assert d(frozenset([1, 2])) != d(frozenset([1, 3]))
+
+
+def test_nesting_is_unambiguous() -> None:
+    assert d((("a",), "b")) != d(("a", ("b",)))
+    assert d(("ab", "c")) != d(("a", "bc"))
+
+
+def test_enum_type_partial_dataclass() -> None:
+    assert d(Color.RED) == d(Color.RED)
+    assert d(Color.RED) != d(Color.GREEN)
+    assert d(Color.RED) != d(1)
+    assert d(np.float32) != d(np.float64)
+    assert d(jnp.float32) == d(jnp.float32)
+    assert d(top_level_fn) == d(top_level_fn)
+    assert d(functools.partial(top_level_fn, 1)) != d(functools.partial(top_level_fn, 2))
+    assert d(Cfg(1, 2.0)) == d(Cfg(1, 2.0))
+    assert d(Cfg(1, 2.0)) != d(Cfg(1, 3.0))
+    assert d(np.dtype("float32")) != d(np.dtype("int32"))
+    assert d(jax.ShapeDtypeStruct((2, 3), jnp.float32)) != d(
+        jax.ShapeDtypeStruct((3, 2), jnp.float32)
+    )
+
+
+def test_kiln_digest_hook() -> None:
+    assert d(Custom(1)) == d(Custom(1))
+    assert d(Custom(1)) != d(Custom(2))
+
+
+def test_equinox_module_hashes_by_value() -> None:
+    a = Model(jnp.arange(3.0), "relu")
+    b = Model(jnp.arange(3.0), "relu")
+    assert d(a) == d(b)
+    assert d(a) != d(Model(jnp.arange(3.0), "tanh"))
+    assert d(a) != d(Model(jnp.arange(3.0) + 1, "relu"))
+
+
+# --------------------------------------------------------------------------------------------
+# Arrays
+
+
+def test_nan_array_equals_itself() -> None:
+    a = np.array([1.0, np.nan])
+    assert d(a) == d(a.copy())
+
+
+def test_negative_zero_array_differs() -> None:
+    assert d(np.array([0.0])) != d(np.array([-0.0]))
+
+
+def test_shape_matters() -> None:
+    assert d(np.zeros((2, 2), np.float32)) != d(np.zeros((4,), np.float32))
+
+
+def test_dtype_matters_with_identical_bytes() -> None:
+    a = np.arange(4, dtype=np.int32)
+    assert d(a) != d(a.view(np.float32))
+
+
+def test_non_contiguous_view_equals_contiguous_copy() -> None:
+    a = np.arange(24.0).reshape(4, 6)
+    for view in (a[:, ::2], a.T, a[::-1], a[1:3, 2:5]):
+        assert d(view) == d(np.ascontiguousarray(view))
+
+
+def test_in_place_mutation_changes_digest() -> None:
+    a = np.zeros(8, np.float32)
+    before = d(a)
+    a[3] = 1.0
+    assert d(a) != before
+
+
+def test_numpy_scalar_vs_zero_d_array() -> None:
+    assert d(np.float32(1)) != d(np.array(1, np.float32))
+    assert array_digest(np.float32(1)) == array_digest(np.array(1, np.float32))
+
+
+def test_bfloat16_differs_from_float16() -> None:
+    bf16 = jnp.bfloat16
+    assert d(np.zeros(2, bf16)) != d(np.zeros(2, np.float16))
+
+
+def test_jax_array_matches_numpy_and_is_memoised(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = _hashing._jax_array_digest_uncached
+
+    def counting(x: Any) -> bytes:
+        calls.append(1)
+        return real(x)
+
+    monkeypatch.setattr(_hashing, "_jax_array_digest_uncached", counting)
+    host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dev = jnp.asarray(host)
+    assert array_digest(dev) == array_digest(host)
+    assert d(dev) == d(host)
+    assert d((dev, 1)) == d((host, 1))
+    assert len(calls) == 1
+
+
+def test_weakly_typed_jax_array_differs() -> None:
+    assert d(jnp.asarray(1.0)) != d(jnp.asarray(1.0, dtype=jnp.float32))
+
+
+def test_jax_memo_entry_removed_after_gc() -> None:
+    x = jnp.arange(5)
+    d(x)
+    key = id(x)
+    assert key in _hashing._JAX_MEMO
+    del x
+    gc.collect()
+    assert key not in _hashing._JAX_MEMO
+
+
+def test_prng_key() -> None:
+    assert d(jax.random.key(0)) == d(jax.random.key(0))
+    assert d(jax.random.key(0)) != d(jax.random.key(1))
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+
+
+def test_object_array_error_names_argument_and_path() -> None:
+    table = {"cfg": Cfg(1, 2.0), "w": [0, np.array([object()], dtype=object)]}
+    with pytest.raises(StaticArgumentError) as info:
+        static_digest(table, argname="table")
+    msg = str(info.value)
+    assert "static argument 'table' (path: ['w'][1])" in msg
+    assert "object array" in msg
+    assert "mark the argument as dynamic" in msg
+    assert isinstance(info.value, TypeError)
+
+
+def test_error_path_through_pytree_attribute() -> None:
+    bad = Model(np.array([None], dtype=object), "relu")  # type: ignore[arg-type]
+    with pytest.raises(StaticArgumentError, match=r"'m' \(path: \[0\]\.w\)"):
+        static_digest([bad], argname="m")
+
+
+def test_tracer_error() -> None:
+    seen = []
+
+    @jax.jit
+    def f(x: jax.Array) -> jax.Array:
+        with pytest.raises(StaticArgumentError, match="'x' is a traced value"):
+            static_digest(x, argname="x")
+        seen.append(1)
+        return x
+
+    f(jnp.ones(2))
+    assert seen == [1]
+
+
+def test_lambda_is_unpersistable() -> None:
+    with pytest.raises(Unpersistable, match="static argument 'f'"):
+        static_digest(lambda x: x, argname="f")
+
+
+def test_local_function_and_class_are_unpersistable() -> None:
+    def local(x: Any) -> Any:
+        return x
+
+    @dataclasses.dataclass(frozen=True)
+    class Local:
+        a: int
+
+    with pytest.raises(Unpersistable):
+        d(local)
+    with pytest.raises(Unpersistable):
+        d(Local(1))
+
+
+def test_identity_hashed_object_is_unpersistable() -> None:
+    with pytest.raises(Unpersistable, match=r"path: \[0\].*Opaque"):
+        d((Opaque(),))
+
+
+def test_unhashable_object_is_static_argument_error() -> None:
+    with pytest.raises(StaticArgumentError, match="Unhashable.*not hashable"):
+        d(Unhashable())
+
+
+def test_self_referential_is_static_argument_error() -> None:
+    x: list[Any] = []
+    x.append(x)
+    with pytest.raises(StaticArgumentError, match="nested too deeply"):
+        d(x)
+
+
+# --------------------------------------------------------------------------------------------
+# Properties
+
+_arrays = hnp.arrays(
+    dtype=st.sampled_from([np.int8, np.int32, np.float32, np.float64, np.uint16, np.bool_]),
+    shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5),
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(_arrays)
+def test_property_copy_has_equal_digest(a: np.ndarray) -> None:
+    assert d(a) == d(a.copy())
+    assert d(a) == d(np.asfortranarray(a))
+
+
+@settings(max_examples=50, deadline=None)
+@given(_arrays, st.data())
+def test_property_any_byte_change_changes_digest(a: np.ndarray, data: st.DataObject) -> None:
+    raw = bytearray(a.tobytes())
+    i = data.draw(st.integers(0, len(raw) - 1))
+    raw[i] ^= data.draw(st.integers(1, 255))
+    b = np.frombuffer(bytes(raw), dtype=a.dtype).reshape(a.shape)
+    assert d(a) != d(b)
+
+
+@settings(max_examples=50, deadline=None)
+@given(_arrays)
+def test_property_reshape_changes_digest(a: np.ndarray) -> None:
+    flat = a.reshape(-1)
+    if flat.shape != a.shape:
+        assert d(a) != d(flat)
+    assert d(a) != d(a.reshape(a.shape + (1,)))
+
+
+@settings(max_examples=50, deadline=None)
+@given(_arrays)
+def test_property_dtype_view_changes_digest(a: np.ndarray) -> None:
+    other = np.uint8 if a.dtype != np.uint8 else np.int8
+    assert d(a) != d(a.view(other))
+
+
+_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text() | st.binary()
+_values = st.recursive(
+    _scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_values)
+def test_property_equal_structure_equal_digest(v: Any) -> None:
+    import copy
+
+    assert d(v) == d(copy.deepcopy(v))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(max_size=4), st.integers(), max_size=6), st.randoms())
+def test_property_dict_order_irrelevant(v: dict[str, int], rnd: Any) -> None:
+    items = list(v.items())
+    rnd.shuffle(items)
+    assert d(v) == d(dict(items))
