@@ -1,3 +1,41 @@
 """kiln: make XLA compilation a one-time cost for JAX programs."""
 
+from ._config import Config as Config
+from ._config import config_context as config_context
+from ._config import configure as configure
+from ._config import get_config as get_config
+from ._errors import ConfigError as ConfigError
+from ._errors import EntryError as EntryError
+from ._errors import KilnError as KilnError
+from ._errors import KilnWarning as KilnWarning
+from ._errors import StaticArgumentError as StaticArgumentError
+from ._errors import StoreError as StoreError
+from ._errors import StoreWarning as StoreWarning
+from ._errors import VerifyError as VerifyError
+from ._explain import Stats as Stats
+from ._explain import reset_stats as reset_stats
+from ._explain import stats as stats
+from ._jit import JitFunction as JitFunction
+from ._jit import jit as jit
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "EntryError",
+    "JitFunction",
+    "KilnError",
+    "KilnWarning",
+    "Stats",
+    "StaticArgumentError",
+    "StoreError",
+    "StoreWarning",
+    "VerifyError",
+    "config_context",
+    "configure",
+    "get_config",
+    "jit",
+    "reset_stats",
+    "stats",
+]

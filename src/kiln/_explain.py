@@ -1,0 +1,156 @@
+"""Why kiln missed, and a summary of hits and misses.
+
+Every miss gets a one-line reason, logged on the ``kiln`` logger at DEBUG, or at WARNING when
+``KILN_EXPLAIN=1`` (``kiln.configure(explain=True)``). Reasons name:
+
+- a function never seen before, with a hint when ``kiln.jit`` keeps being applied to fresh
+  function objects with the same code (re-created on every call);
+- which argument changed and how: its pytree path, old and new shape / dtype / weak type or
+  static digest, compared with the closest signature already compiled in this process;
+- for a persistent miss, which key part differs from the closest stored entry of the same
+  function (a helper's code, a library version, a jax config value, ``XLA_FLAGS`` ...).
+
+:func:`stats` returns the counters (also printed by ``kiln run`` at exit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+__all__ = ["Stats", "stats", "reset_stats", "explain", "describe_signature_change", "diff_parts"]
+
+logger = logging.getLogger("kiln")
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters for this process (all functions together).
+
+    Attributes:
+        calls_hot: calls served by the in-process table.
+        hits: persistent hits (executable loaded from the store; no compile).
+        misses: persistent misses (compiled).
+        traces: times a function body was traced by kiln.
+        compiles: XLA compiles kiln ran.
+        compile_seconds: seconds spent tracing + lowering + compiling on misses.
+        saved_seconds: compile seconds recorded in the entries that were loaded instead.
+        load_seconds: seconds spent loading (deserializing) entries.
+        bad_entries: corrupt / foreign / tampered entries seen (each replaced).
+        stores_written: entries written.
+        reasons: count of miss reasons by kind.
+    """
+
+    calls_hot: int = 0
+    hits: int = 0
+    misses: int = 0
+    traces: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    load_seconds: float = 0.0
+    bad_entries: int = 0
+    stores_written: int = 0
+    reasons: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["reasons"] = dict(self.reasons)
+        return d
+
+
+_stats = Stats()
+_lock = threading.Lock()
+
+
+def stats() -> Stats:
+    """A snapshot of this process's counters (see :class:`Stats`)."""
+    with _lock:
+        return dataclasses.replace(_stats, reasons=Counter(_stats.reasons))
+
+
+def reset_stats() -> None:
+    """Zero the counters."""
+    global _stats
+    with _lock:
+        _stats = Stats()
+
+
+def bump(**kwargs: float) -> None:
+    with _lock:
+        for name, value in kwargs.items():
+            setattr(_stats, name, getattr(_stats, name) + value)
+
+
+def explain(kind: str, message: str, *, explain_on: bool) -> None:
+    """Log one miss reason (WARNING when explaining, else DEBUG) and count its kind."""
+    with _lock:
+        _stats.reasons[kind] += 1
+    logger.log(logging.WARNING if explain_on else logging.DEBUG, "kiln: %s", message)
+
+
+def _fmt_leaf(sig: Any) -> str:
+    if isinstance(sig, tuple) and len(sig) >= 2:
+        shape, dtype = sig[0], sig[1]
+        weak = " weak" if len(sig) > 2 and sig[2] else ""
+        return f"{dtype}{list(shape)}{weak}"
+    if isinstance(sig, type):
+        return f"python {sig.__name__}"
+    return str(sig)
+
+
+def describe_signature_change(
+    name: str,
+    new: tuple[Any, list[str], tuple[Any, ...], tuple[Any, ...]],
+    seen: list[tuple[Any, list[str], tuple[Any, ...], tuple[Any, ...]]],
+) -> str:
+    """Explain a new signature against the closest one already compiled.
+
+    Each signature is ``(treedef, leaf paths, leaf signatures, static items)``.
+    """
+    treedef, paths, leaves, statics = new
+    best = None
+    best_score = -1
+    for old in seen:
+        score = (old[0] == treedef) * 1000 + sum(a == b for a, b in zip(old[2], leaves))
+        score += sum(a == b for a, b in zip(old[3], statics))
+        if score > best_score:
+            best, best_score = old, score
+    if best is None:
+        return f"{name}: first call in this process"
+    changes = []
+    if best[0] != treedef:
+        changes.append(f"pytree structure changed: {best[0]} -> {treedef}")
+    else:
+        for path, a, b in zip(paths, best[2], leaves):
+            if a != b:
+                changes.append(f"argument {path}: {_fmt_leaf(a)} -> {_fmt_leaf(b)}")
+    for (sname, a), (_, b) in zip(best[3], statics):
+        if a != b:
+            changes.append(f"static argument {sname}: digest {str(a)[:12]} -> {str(b)[:12]}")
+    if not changes:
+        changes.append("jax config that changes tracing differs")
+    return f"{name}: recompiling because " + "; ".join(changes)
+
+
+def diff_parts(new: list[tuple[str, str]], old: list[list[str]] | list[tuple[str, str]]) -> list[str]:
+    """Names (with old -> new values when short) of key parts that differ."""
+    old_d = {n: v for n, v in old}
+    new_d = {n: v for n, v in new}
+    out = []
+    for n in list(new_d) + [n for n in old_d if n not in new_d]:
+        a, b = old_d.get(n), new_d.get(n)
+        if a == b:
+            continue
+        if a is None:
+            out.append(f"{n} added")
+        elif b is None:
+            out.append(f"{n} removed")
+        elif len(a) <= 40 and len(b) <= 40:
+            out.append(f"{n}: {a} -> {b}")
+        else:
+            out.append(f"{n} changed")
+    return out

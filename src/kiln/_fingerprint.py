@@ -1,0 +1,417 @@
+"""Function fingerprints: what a stored executable was built from, and a manifest to re-check.
+
+A fingerprint has two layers (as ccache's direct mode does for headers):
+
+1. **Static walk** (part of the persistent key): the function's code object (bytecode, constants
+   including nested code, names; not line numbers), its defaults, closure values, and every
+   module-level value its code names, recursing into user functions, user modules' attributes
+   and user classes' methods. Values are hashed by value (:mod:`kiln._hashing`).
+2. **Manifest** (stored in the entry, re-checked on a warm lookup): while tracing cold, every
+   user-code function that actually ran is recorded (``sys.setprofile``). Functions the static
+   walk could not see (methods reached through objects, callbacks held in data structures) are
+   stored as ``(module, qualname, digest)`` and must hash the same before an entry is used.
+
+"User code" is any Python file outside the interpreter's stdlib and site-packages. Installed
+libraries count by distribution name + version (``importlib.metadata``), never by code.
+
+Anything that cannot be fingerprinted soundly (a global holding an object with no canonical
+value digest, a function that ran but cannot be found again by module + qualname) makes the
+fingerprint *unsound*: kiln then never trusts a fingerprint key for that function and takes the
+verify path (trace + lower, key by the lowered module, skip only the compile).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from ._hashing import Unpersistable, static_digest
+
+__all__ = ["Fingerprint", "fingerprint", "record_calls", "manifest_for", "check_manifest"]
+
+_LIB_ROOTS = tuple(
+    os.path.realpath(p) + os.sep
+    for p in {
+        sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
+    | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+)
+_KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_MAX_ITEMS = 5000
+
+
+@functools.lru_cache(maxsize=4096)
+def is_user_file(filename: str) -> bool:
+    """True if ``filename`` is user code: not stdlib, not site-packages, not kiln itself."""
+    if not filename or filename.startswith("<"):
+        return filename.startswith("<ipython") or filename == "<stdin>"
+    real = os.path.realpath(filename)
+    return not real.startswith(_LIB_ROOTS) and not real.startswith(_KILN_ROOT)
+
+
+@functools.lru_cache(maxsize=1)
+def _packages_distributions() -> dict[str, list[str]]:
+    return dict(importlib.metadata.packages_distributions())
+
+
+@functools.lru_cache(maxsize=1024)
+def library_version(module_name: str) -> str:
+    """``dist==version`` of the installed distribution that provides ``module_name``."""
+    top = module_name.partition(".")[0]
+    if top in sys.stdlib_module_names or top == "builtins":
+        return f"python=={sys.version.split()[0]}"
+    dists = _packages_distributions().get(top)
+    if not dists:
+        return f"{top}==unknown"
+    name = sorted(dists)[0]
+    try:
+        return f"{name}=={importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"{name}==unknown"
+
+
+def _module_is_user(mod: types.ModuleType) -> bool:
+    f = getattr(mod, "__file__", None)
+    return bool(f) and is_user_file(f)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+@functools.lru_cache(maxsize=8192)
+def code_digest(code: types.CodeType) -> str:
+    """Digest of a code object: bytecode, constants (nested code recursively), names, arity.
+
+    Line numbers and file names are left out, so moving code does not change its digest.
+    """
+    h = xxhash.xxh3_128()
+    _feed_code(h, code)
+    return h.hexdigest()
+
+
+def _feed_code(h: Any, code: types.CodeType) -> None:
+    h.update(code.co_code)
+    h.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
+                   code.co_flags, code.co_names, code.co_varnames, code.co_freevars,
+                   code.co_cellvars, code.co_name)).encode())
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            h.update(b"<code>")
+            _feed_code(h, c)
+        else:
+            h.update(type(c).__name__.encode())
+            h.update(repr(c).encode())
+
+
+@dataclass
+class Fingerprint:
+    """Result of the static walk.
+
+    Attributes:
+        digest: 32 hex characters over every part, in walk order.
+        parts: (name, digest) pairs, e.g. ``("code:mod.helper", "ab..")`` or
+            ``("global:mod.SCALE", "..")`` or ``("lib:diffrax", "diffrax==0.7.2")``; stored in
+            the entry header so ``KILN_EXPLAIN`` can name what changed.
+        sound: False if some part could not be digested (then ``reason`` says which).
+        codes: code objects covered by the walk (the manifest skips them).
+    """
+
+    digest: str
+    parts: list[tuple[str, str]]
+    sound: bool = True
+    reason: str | None = None
+    codes: set[types.CodeType] = field(default_factory=set)
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, str]] = []
+        self.seen: set[int] = set()
+        self.codes: set[types.CodeType] = set()
+        self.reason: str | None = None
+        self.keep: list[Any] = []  # keep ids stable during the walk
+
+    def add(self, name: str, digest: str) -> None:
+        self.parts.append((name, digest))
+
+    def unsound(self, what: str) -> None:
+        if self.reason is None:
+            self.reason = what
+
+    def value(self, name: str, v: Any) -> None:
+        if id(v) in self.seen or len(self.parts) > _MAX_ITEMS:
+            return
+        self.seen.add(id(v))
+        self.keep.append(v)
+        if isinstance(v, types.ModuleType):
+            if _module_is_user(v):
+                self.add(f"module:{name}", v.__name__)
+            else:
+                self.add(f"lib:{v.__name__}", library_version(v.__name__))
+            return
+        if isinstance(v, functools.partial):
+            self.value(f"{name}.func", v.func)
+            for i, a in enumerate(v.args):
+                self.value(f"{name}.args[{i}]", a)
+            for k, a in sorted(v.keywords.items()):
+                self.value(f"{name}.keywords[{k!r}]", a)
+            return
+        if isinstance(v, types.MethodType):
+            self.function(v.__func__)
+            self.value(f"{name}.__self__", v.__self__)
+            return
+        if isinstance(v, types.FunctionType):
+            self.function(v)
+            return
+        if isinstance(v, type):
+            self.klass(v)
+            return
+        if isinstance(v, types.BuiltinFunctionType | types.BuiltinMethodType):
+            mod = getattr(v, "__module__", None) or "builtins"
+            self.add(f"lib:{mod}", library_version(mod))
+            return
+        if type(v) in (tuple, list):
+            self.add(f"container:{name}", f"{type(v).__name__}[{len(v)}]")
+            for i, item in enumerate(v):
+                self.value(f"{name}[{i}]", item)
+            return
+        if type(v) is dict:
+            self.add(f"container:{name}", f"dict[{len(v)}]")
+            try:
+                items = sorted(v.items(), key=lambda kv: static_digest(kv[0], argname=name))
+            except (Unpersistable, TypeError) as e:
+                self.unsound(f"{name}: dict key {e}")
+                return
+            for k, item in items:
+                self.value(f"{name}[{k!r}]", item)
+            return
+        wrapped = getattr(v, "__wrapped__", None)
+        if wrapped is not None and callable(v) and not isinstance(v, type):
+            # jax.jit / kiln.jit / functools.wraps objects: the wrapped function is what runs.
+            self.add(f"wrapper:{name}", f"{type(v).__module__}.{type(v).__qualname__}")
+            self.value(f"{name}.__wrapped__", wrapped)
+            return
+        try:
+            self.add(f"value:{name}", static_digest(v, argname=name))
+        except Unpersistable as e:
+            cls = type(v)
+            if callable(v) and not is_user_file(inspect.getfile(cls) if _has_file(cls) else ""):
+                # an instance of a library class (e.g. a jax custom_jvp function): by version.
+                self.add(f"lib:{cls.__module__}", library_version(cls.__module__))
+                return
+            self.unsound(f"{name}: {e}")
+        except TypeError as e:
+            self.unsound(f"{name}: {e}")
+
+    def klass(self, cls: type) -> None:
+        mod = cls.__module__
+        if not _has_file(cls) or not is_user_file(inspect.getfile(cls)):
+            self.add(f"lib:{mod}", library_version(mod))
+            return
+        self.add(f"class:{mod}.{cls.__qualname__}", cls.__qualname__)
+        for attr, member in sorted(vars(cls).items()):
+            if attr.startswith("__") and attr not in ("__call__", "__init__", "__post_init__"):
+                continue
+            if isinstance(member, staticmethod | classmethod):
+                member = member.__func__
+            if isinstance(member, property):
+                member = member.fget
+            if isinstance(member, types.FunctionType):
+                self.function(member)
+
+    def function(self, fn: types.FunctionType) -> None:
+        code = fn.__code__
+        if code in self.codes:
+            return
+        mod = fn.__module__ or ""
+        if not is_user_file(code.co_filename):
+            self.add(f"lib:{mod}", library_version(mod))
+            return
+        self.codes.add(code)
+        qual = f"{mod}.{fn.__qualname__}"
+        self.add(f"code:{qual}", code_digest(code))
+        if fn.__defaults__:
+            self.value(f"{qual}.__defaults__", fn.__defaults__)
+        if fn.__kwdefaults__:
+            self.value(f"{qual}.__kwdefaults__", dict(fn.__kwdefaults__))
+        if fn.__closure__:
+            for var, cell in zip(code.co_freevars, fn.__closure__, strict=True):
+                try:
+                    contents = cell.cell_contents
+                except ValueError:  # empty cell
+                    continue
+                self.value(f"{qual}.<closure {var}>", contents)
+        self.globals_of(code, fn.__globals__, qual)
+
+    def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
+        names = _code_names(code)
+        modname = g.get("__name__", "?")
+        for name in sorted(names):
+            if name not in g:
+                continue
+            v = g[name]
+            self.value(f"{modname}.{name}", v)
+            if isinstance(v, types.ModuleType) and _module_is_user(v):
+                for attr in sorted(names):
+                    if attr in vars(v):
+                        self.value(f"{v.__name__}.{attr}", vars(v)[attr])
+
+
+def _has_file(obj: Any) -> bool:
+    try:
+        inspect.getfile(obj)
+        return True
+    except (TypeError, OSError):
+        return False
+
+
+def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -> Fingerprint:  # type: ignore[assignment]
+    """Static-walk fingerprint of ``fun`` and of the named ``extra`` values (see module doc).
+
+    ``extra`` holds values that shape the trace besides ``fun``: static arguments and the aux
+    data of the arguments' pytree nodes. Functions among them are fingerprinted by code.
+    """
+    w = _Walker()
+    w.value(getattr(fun, "__qualname__", type(fun).__qualname__), fun)
+    if not isinstance(fun, types.FunctionType | functools.partial | types.MethodType):
+        w.klass(type(fun))  # a callable object: its class's __call__ and methods
+    for name, v in extra:
+        w.add(f"extra:{name}", "")
+        w.seen.discard(id(v))
+        w.value(name, v)
+    h = xxhash.xxh3_128()
+    for name, d in w.parts:
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(d.encode())
+        h.update(b"\n")
+    return Fingerprint(h.hexdigest(), w.parts, w.reason is None, w.reason, w.codes)
+
+
+# ----------------------------------------------------------------------------------------
+# Manifest: what ran while tracing.
+# ----------------------------------------------------------------------------------------
+@contextmanager
+def record_calls() -> Iterator[dict[types.CodeType, dict[str, Any]]]:
+    """Record the code objects of user functions called in this thread (with their globals)."""
+    seen: dict[types.CodeType, dict[str, Any]] = {}
+    previous = sys.getprofile()
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            if code not in seen:
+                seen[code] = frame.f_globals
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+def _resolve(module: str, qualname: str) -> types.FunctionType | None:
+    """The function at ``module`` + ``qualname``; for ``a.<locals>.b`` the enclosing ``a``."""
+    mod = sys.modules.get(module)
+    if mod is None:
+        return None
+    obj: Any = mod
+    for part in qualname.split(".<locals>.")[0].split("."):
+        obj = inspect.getattr_static(obj, part, None)
+        if isinstance(obj, staticmethod | classmethod):
+            obj = obj.__func__
+        if obj is None:
+            return None
+    if isinstance(obj, property):
+        obj = obj.fget
+    return obj if isinstance(obj, types.FunctionType) else None
+
+
+def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
+    if outer is code:
+        return True
+    return any(isinstance(c, types.CodeType) and _contains(c, code) for c in outer.co_consts)
+
+
+def _shallow_digest(fn: types.FunctionType) -> str:
+    """Code of ``fn`` plus the values of the module globals it names (functions by code)."""
+    w = _Walker()
+    w.add("code", code_digest(fn.__code__))
+    g = fn.__globals__
+    for name in sorted(_code_names(fn.__code__)):
+        if name in g:
+            v = g[name]
+            if isinstance(v, types.FunctionType):
+                if is_user_file(v.__code__.co_filename):
+                    w.add(f"fn:{name}", code_digest(v.__code__))
+                continue
+            w.value(name, v)
+    if w.reason is not None:
+        raise Unpersistable(w.reason)
+    h = xxhash.xxh3_128()
+    for name, d in w.parts:
+        h.update(f"{name}\0{d}\n".encode())
+    return h.hexdigest()
+
+
+def manifest_for(
+    calls: dict[types.CodeType, dict[str, Any]], covered: set[types.CodeType]
+) -> tuple[list[list[str]], str | None]:
+    """Manifest items ``[module, qualname, digest]`` for recorded user calls not ``covered``.
+
+    Returns (items, reason): ``reason`` is not None when some call cannot be found again by
+    module + qualname (the fingerprint is then unsound).
+    """
+    items: dict[tuple[str, str], str] = {}
+    for code, g in calls.items():
+        if code in covered or not is_user_file(code.co_filename):
+            continue
+        module = g.get("__name__")
+        if not isinstance(module, str):
+            return [], f"{code.co_qualname} runs in a namespace without __name__"
+        if code.co_name == "<module>":
+            continue
+        fn = _resolve(module, code.co_qualname)
+        if fn is None or not _contains(fn.__code__, code):
+            return [], f"{module}.{code.co_qualname} ran while tracing but cannot be found again"
+        key = (module, fn.__qualname__)
+        if key in items:
+            continue
+        try:
+            items[key] = _shallow_digest(fn)
+        except Unpersistable as e:
+            return [], f"{module}.{fn.__qualname__}: {e}"
+    return [[m, q, d] for (m, q), d in sorted(items.items())], None
+
+
+def check_manifest(items: list[list[str]]) -> str | None:
+    """None if every manifest item still hashes the same, else a description of the first change."""
+    for module, qualname, digest in items:
+        fn = _resolve(module, qualname)
+        if fn is None:
+            return f"{module}.{qualname} no longer exists"
+        try:
+            now = _shallow_digest(fn)
+        except Unpersistable as e:
+            return f"{module}.{qualname}: {e}"
+        if now != digest:
+            return f"code or globals of {module}.{qualname} changed"
+    return None

@@ -1,0 +1,684 @@
+"""``kiln.jit``: ``jax.jit`` whose executables outlive the process.
+
+Data flow of one call (see ../DESIGN.md)::
+
+    call(*args)
+      -> split static / dynamic args; signature = (trace config, pytree structure, leaf avals,
+         static digests)
+      -> in-process table hit?                         -> run executable        (hot path)
+      -> persistent key = sha256(named parts)          -> store.get(key)
+           entry found, digest ok, manifest matches    -> deserialize, run      (warm start)
+      -> trace (recording the manifest) -> lower -> compile -> store.put -> run (cold)
+
+What a warm start skips:
+
+- programs without host callbacks, and programs whose host callbacks (``jax.debug.print``,
+  ``jax.pure_callback``, equinox's runtime error checks) can be pickled with cloudpickle: no
+  trace, no lowering, no compile;
+- programs whose host callbacks cannot be pickled (they close over a lock, a file, ...): trace
+  and lower to rebuild the callables, but no compile;
+- functions kiln cannot fingerprint soundly (a global it reads has no canonical value digest,
+  a function that ran while tracing cannot be found again by module + qualname): the *verify
+  path*, trace and lower on every new process, key by the lowered module, no compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar, overload
+
+import jax
+import numpy as np
+
+from . import _explain, _jax_compat
+from ._config import Config, get_config
+from ._entry import decode, encode
+from ._errors import EntryError, StaticArgumentError, StoreError, StoreWarning, VerifyError
+from ._fingerprint import check_manifest, fingerprint, manifest_for, record_calls
+from ._hashing import Unpersistable, static_digest
+from ._key import environment_parts, make_key
+from ._progress import compiling
+from .stores import Store, open_store
+
+__all__ = ["jit", "JitFunction"]
+
+logger = logging.getLogger("kiln")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ArrayImpl = type(jax.numpy.zeros(()))
+_SCALARS = (int, float, bool, complex)
+_VERIFY_ONLY = object()
+
+
+def _leaf_sig(x: Any) -> Any:
+    t = type(x)
+    if t is _ArrayImpl:
+        return (x.shape, x.dtype, x.weak_type)
+    if t in _SCALARS:
+        return t
+    if t is np.ndarray:
+        return (x.shape, x.dtype, False)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return (x.shape, x.dtype, bool(getattr(x, "weak_type", False)))
+    if _jax_compat.is_tracer(x):
+        return None
+    aval = jax.typeof(x)
+    return (aval.shape, aval.dtype, aval.weak_type)
+
+
+def _aval_text(sig: Any) -> str:
+    if isinstance(sig, type):
+        return f"python-{sig.__name__}"
+    shape, dtype, weak = sig
+    return f"{np.dtype(dtype).name}{list(shape)}{'~weak' if weak else ''}"
+
+
+def _treedef_parts(treedef: Any) -> tuple[str, list[tuple[str, Any]]]:
+    """(structure text with node types only, [(name, aux data)] for the fingerprint)."""
+    aux: list[tuple[str, Any]] = []
+
+    def walk(t: Any, path: str) -> str:
+        data = t.node_data()
+        if data is None:
+            return "*"
+        typ, node_aux = data
+        kids = [walk(c, f"{path}/{i}") for i, c in enumerate(t.children())]
+        if typ not in (tuple, list, dict, type(None)):
+            aux.append((f"pytree-aux{path}", (typ, node_aux)))
+        elif typ is dict:
+            aux.append((f"pytree-keys{path}", tuple(node_aux)))
+        return f"{typ.__module__}.{typ.__qualname__}({','.join(kids)})"
+
+    return walk(treedef, ""), aux
+
+
+def _normalize_argnums(argnums: int | Iterable[int], name: str) -> tuple[int, ...]:
+    if isinstance(argnums, int):
+        return (argnums,)
+    try:
+        out = tuple(argnums)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {argnums!r}") from None
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in out):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {argnums!r}")
+    return out
+
+
+def _normalize_argnames(argnames: str | Iterable[str], name: str) -> tuple[str, ...]:
+    if isinstance(argnames, str):
+        return (argnames,)
+    out = tuple(argnames)
+    if not all(isinstance(s, str) for s in out):
+        raise TypeError(f"{name} must be a str or a sequence of str, got {argnames!r}")
+    return out
+
+
+class JitFunction:
+    """A function compiled by ``kiln.jit``. Call it like the wrapped function.
+
+    Attributes beyond those of the wrapped function: :meth:`precompile`, :meth:`lower`,
+    :meth:`trace`, :meth:`clear_cache`.
+    """
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = (),
+        donate_argnums: int | Sequence[int] = (),
+        donate_argnames: str | Sequence[str] = (),
+    ) -> None:
+        if not callable(fun):
+            raise TypeError(f"kiln.jit: fun must be callable, got {type(fun).__name__} {fun!r}")
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        nums = _normalize_argnums(static_argnums, "static_argnums")
+        names = _normalize_argnames(static_argnames, "static_argnames")
+        dnums = _normalize_argnums(donate_argnums, "donate_argnums")
+        dnames = _normalize_argnames(donate_argnames, "donate_argnames")
+        try:
+            params = list(inspect.signature(fun).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        positional = [
+            p.name for p in params
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        known = {p.name for p in params if p.kind != p.VAR_POSITIONAL and p.kind != p.VAR_KEYWORD}
+        has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
+        for n in names:
+            if params and n not in known and not has_var_kw:
+                raise ValueError(
+                    f"static_argnames: {getattr(fun, '__name__', fun)!r} has no parameter {n!r}; "
+                    f"its parameters are {sorted(known)}"
+                )
+        # Like jax.jit: a static parameter is static whether passed by position or by name.
+        self._static_argnums = frozenset(
+            set(nums) | {positional.index(n) for n in names if n in positional}
+        )
+        self._static_argnames = frozenset(
+            set(names) | {positional[i] for i in nums if 0 <= i < len(positional)}
+        )
+        self._donate_argnums = frozenset(dnums) | frozenset(
+            positional.index(n) for n in dnames if n in positional
+        )
+        self._donate_argnames = tuple(
+            set(dnames) | {positional[i] for i in dnums if 0 <= i < len(positional)}
+        )
+        self._table: dict[Any, Any] = {}
+        self._seen: list[Any] = []
+        self._inline: dict[Any, Callable[..., Any]] = {}
+        self._lock = threading.RLock()
+        self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
+        self._module = getattr(fun, "__module__", None) or type(fun).__module__
+        _note_creation(fun)
+
+    # -- descriptor protocol: @kiln.jit on a method ---------------------------------------
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self, instance)
+
+    def __repr__(self) -> str:
+        return f"<kiln.jit {self._module}.{self._name}>"
+
+    # -- argument handling -----------------------------------------------------------------
+    def _split(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[tuple[Any, Any], ...]]:
+        statics: list[tuple[Any, Any]] = []
+        if self._static_argnums:
+            dyn = []
+            n = len(args)
+            for i, a in enumerate(args):
+                if i in self._static_argnums or (i - n) in self._static_argnums:
+                    statics.append((i, a))
+                else:
+                    dyn.append(a)
+            args = tuple(dyn)
+        if self._static_argnames and kwargs:
+            dkw = {}
+            for k, v in kwargs.items():
+                if k in self._static_argnames:
+                    statics.append((k, v))
+                else:
+                    dkw[k] = v
+            kwargs = dkw
+        return args, kwargs, tuple(statics)
+
+    def _static_key(self, statics: tuple[tuple[Any, Any], ...]) -> tuple[Any, ...]:
+        out = []
+        for where, value in statics:
+            name = where if isinstance(where, str) else f"args[{where}]"
+            try:
+                out.append((where, static_digest(value, argname=name)))
+            except Unpersistable:
+                try:
+                    hash(value)
+                except TypeError:
+                    raise StaticArgumentError(
+                        f"static argument {name!r} of {self._name} is unhashable "
+                        f"({type(value).__name__}); pass a hashable value or make it dynamic"
+                    ) from None
+                out.append((where, ("process-local", value)))
+        return tuple(out)
+
+    def _inner(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Callable[..., Any]:
+        fun = self._fun
+        pos = {w: v for w, v in statics if isinstance(w, int)}
+        kw = {w: v for w, v in statics if isinstance(w, str)}
+        total = n_dyn + len(pos)
+        pos = {(w if w >= 0 else total + w): v for w, v in pos.items()}
+
+        def inner(*dyn: Any, **dkw: Any) -> Any:
+            it = iter(dyn)
+            args = [pos[i] if i in pos else next(it) for i in range(total)]
+            return fun(*args, **dkw, **kw)
+
+        inner.__name__ = getattr(fun, "__name__", "fun")
+        inner.__qualname__ = self._name
+        return inner
+
+    def _jitted(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Any:
+        pos = sorted(w for w, _ in statics if isinstance(w, int))
+        total = n_dyn + len(pos)
+        pos = sorted(w if w >= 0 else total + w for w in pos)
+        dyn_positions = [i for i in range(total) if i not in pos]
+        donate = tuple(j for j, i in enumerate(dyn_positions) if i in self._donate_argnums)
+        static_names = {w for w, _ in statics if isinstance(w, str)}
+        dnames = tuple(n for n in self._donate_argnames if n not in static_names)
+        return jax.jit(
+            self._inner(statics, n_dyn), donate_argnums=donate, donate_argnames=dnames or None
+        )
+
+    # -- calling ------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        sigs = tuple(map(_leaf_sig, leaves))
+        static_key = self._static_key(statics) if statics else ()
+        if None in sigs or jax.config.jax_disable_jit:
+            # Under a transformation (or disable_jit): behave like a nested jax.jit.
+            cache_key = (static_key, len(dyn_args))
+            fn = self._inline.get(cache_key)
+            if fn is None:
+                fn = self._inline[cache_key] = self._jitted(statics, len(dyn_args))
+            return fn(*dyn_args, **dyn_kwargs)
+        key = (_jax_compat.trace_context_token(), treedef, sigs, static_key)
+        compiled = self._table.get(key)
+        if compiled is None:
+            compiled = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
+        else:
+            _explain.bump(calls_hot=1)
+        return compiled(*dyn_args, **dyn_kwargs)
+
+    def precompile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile (or load) and store the entry for these arguments without running it.
+
+        Dynamic arguments may be arrays or ``jax.ShapeDtypeStruct`` (pytrees of them); static
+        arguments are passed as values. A later call with the same abstract signature, in this
+        or any process sharing the store, runs the stored executable.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, kiln
+            >>> f = kiln.jit(lambda x: x * 2)
+            >>> f.precompile(jax.ShapeDtypeStruct((3,), jnp.float32))
+            >>> f(jnp.ones(3)).tolist()
+            [2.0, 2.0, 2.0]
+        """
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+        sigs = tuple(map(_leaf_sig, leaves))
+        if None in sigs:
+            raise TypeError("precompile: arguments must be concrete arrays or ShapeDtypeStructs")
+        static_key = self._static_key(statics) if statics else ()
+        key = (_jax_compat.trace_context_token(), treedef, sigs, static_key)
+        if key not in self._table:
+            self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """``jax.jit(fun).lower(...)`` with kiln's static argument handling (always traces)."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        return self._jitted(statics, len(dyn_args)).lower(*dyn_args, **dyn_kwargs)
+
+    def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
+        """``jax.jit(fun).trace(...)`` with kiln's static argument handling."""
+        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+        return self._jitted(statics, len(dyn_args)).trace(*dyn_args, **dyn_kwargs)
+
+    def clear_cache(self) -> None:
+        """Forget this process's executables (the store is untouched)."""
+        with self._lock:
+            self._table.clear()
+            self._seen.clear()
+            self._inline.clear()
+
+    # -- misses -------------------------------------------------------------------------------
+    def _miss(
+        self,
+        key: Any,
+        dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any],
+        statics: tuple[tuple[Any, Any], ...],
+        static_key: tuple[Any, ...],
+        leaves: list[Any],
+        treedef: Any,
+    ) -> Any:
+        with self._lock:
+            compiled = self._table.get(key)
+            if compiled is not None:
+                return compiled
+            cfg = get_config()
+            self._explain_memory_miss(key, dyn_args, dyn_kwargs, cfg)
+            compiled = _Miss(self, cfg, dyn_args, dyn_kwargs, statics, static_key, treedef,
+                             key[2]).run()
+            self._table[key] = compiled
+            self._seen.append(key)
+            return compiled
+
+    def _explain_memory_miss(
+        self, key: Any, dyn_args: Any, dyn_kwargs: Any, cfg: Config
+    ) -> None:
+        if not (cfg.explain or logger.isEnabledFor(logging.DEBUG)):
+            return
+        if not self._seen:
+            n = _creations.get(_code_of(self._fun), 0)
+            hint = (
+                f" (kiln.jit was applied to {n} function objects with this code in this "
+                "process: if it is re-created on every call, hoist the kiln.jit(...) out of the "
+                "loop or function)" if n > 2 else ""
+            )
+            _explain.explain("new-function", f"{self._name}: first call in this process{hint}",
+                             explain_on=cfg.explain)
+            return
+        paths = [
+            "args" + jax.tree_util.keystr(p) if p and p[0].idx == 0 else jax.tree_util.keystr(p)
+            for p, _ in jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]
+        ]
+        paths = [p.replace("args[0]", "args", 1) if p.startswith("args[0]") else
+                 p.replace("[1]", "kwargs", 1) for p in paths]
+        new = (key[1], paths, key[2], key[3])
+        seen = [(k[1], paths, k[2], k[3]) for k in self._seen]
+        _explain.explain(
+            "signature", _explain.describe_signature_change(self._name, new, seen),
+            explain_on=cfg.explain,
+        )
+
+
+_creations: dict[Any, int] = {}
+
+
+def _code_of(fun: Any) -> Any:
+    return getattr(fun, "__code__", None) or id(type(fun))
+
+
+def _note_creation(fun: Any) -> None:
+    code = _code_of(fun)
+    _creations[code] = _creations.get(code, 0) + 1
+
+
+class _Miss:
+    """One in-process miss: load from the store or compile, then store."""
+
+    def __init__(
+        self,
+        jf: JitFunction,
+        cfg: Config,
+        dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any],
+        statics: tuple[tuple[Any, Any], ...],
+        static_key: tuple[Any, ...],
+        treedef: Any,
+        sigs: tuple[Any, ...],
+    ) -> None:
+        self.jf = jf
+        self.cfg = cfg
+        self.dyn_args = dyn_args
+        self.dyn_kwargs = dyn_kwargs
+        self.jitted = jf._jitted(statics, len(dyn_args))
+        self.store: Store = open_store(cfg)
+        self.lowered: jax.stages.Lowered | None = None
+        self.lowered_digest: str | None = None
+        self.calls: dict[Any, Any] = {}
+        self.trace_seconds = 0.0
+        structure, aux = _treedef_parts(treedef)
+        self.signature = ", ".join(_aval_text(s) for s in sigs)
+        extra = list(aux)
+        self.unsound: str | None = None
+        static_parts = []
+        for (where, value), (_, digest) in zip(statics, static_key, strict=True):
+            name = where if isinstance(where, str) else f"args[{where}]"
+            if isinstance(digest, tuple):
+                self.unsound = f"static argument {name!r} has no canonical digest"
+            static_parts.append((f"static:{name}", str(digest)))
+            extra.append((f"static:{name}", value))
+        self.fp = fingerprint(jf._fun, extra=extra)
+        if not self.fp.sound and self.unsound is None:
+            self.unsound = self.fp.reason
+        self.base_parts = environment_parts() + [
+            ("function", f"{jf._module}.{jf._name}"),
+            ("signature", f"{structure} :: {self.signature}"),
+            *static_parts,
+        ]
+        self.fp_parts = [("fingerprint", self.fp.digest)]
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _warn(self, message: str) -> None:
+        if self.cfg.strict:
+            raise StoreError(message)
+        warnings.warn(message, StoreWarning, stacklevel=5)
+
+    def _explain(self, kind: str, message: str) -> None:
+        _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
+
+    def _trace_lower(self) -> jax.stages.Lowered:
+        if self.lowered is None:
+            t0 = time.perf_counter()
+            with record_calls() as calls:
+                traced = self.jitted.trace(*self.dyn_args, **self.dyn_kwargs)
+            self.calls = calls
+            _explain.bump(traces=1)
+            self.lowered = traced.lower()
+            text = _jax_compat.lowered_text(self.lowered)
+            self.lowered_digest = hashlib.sha256(text.encode()).hexdigest()
+            self.trace_seconds = time.perf_counter() - t0
+        return self.lowered
+
+    def _verify_key(self) -> str:
+        self._trace_lower()
+        return make_key(self.base_parts + [("lowered", str(self.lowered_digest))])
+
+    # -- the flow -----------------------------------------------------------------------------
+    def run(self) -> Any:
+        t_start = time.perf_counter()
+        fp_key = None if self.unsound else make_key(self.base_parts + self.fp_parts)
+        if fp_key is not None:
+            got = self._load(fp_key, t_start)
+            if got is not None and got is not _VERIFY_ONLY:
+                return got
+            if got is _VERIFY_ONLY:
+                self.unsound = "manifest could not be fingerprinted (recorded on the first run)"
+        if self.unsound is not None:
+            self._explain("verify-path", f"taking the verify path: {self.unsound}")
+            vkey = self._verify_key()
+            got = self._load(vkey, t_start)
+            if got is not None and got is not _VERIFY_ONLY:
+                return got
+            return self._compile_and_store(vkey, None, t_start)
+        self._trace_lower()
+        manifest, reason = manifest_for(self.calls, self.fp.codes)
+        if reason is not None:
+            self._explain("verify-path", f"taking the verify path: {reason}")
+            self._put(fp_key, {"kind": "verify-only", "function": self.base_parts[-0][1]}, {})
+            return self._compile_and_store(self._verify_key(), None, t_start)
+        return self._compile_and_store(fp_key, manifest, t_start)
+
+    def _load(self, key: str, t_start: float) -> Any:
+        try:
+            blob = self.store.get(key)
+        except OSError as e:
+            self._warn(f"kiln: cannot read store {self.store.url!r} ({e}); compiling instead")
+            return None
+        if blob is None:
+            self._explain_persistent_miss(key)
+            return None
+        try:
+            entry = decode(blob, signing_key=self.cfg.signing_key)
+        except EntryError as e:
+            _explain.bump(bad_entries=1)
+            self._warn(
+                f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} is unusable "
+                f"({e}); recompiling and replacing it"
+            )
+            return None
+        header = entry.header
+        if header.get("kind") == "verify-only":
+            return _VERIFY_ONLY
+        changed = check_manifest(header.get("manifest") or [])
+        if changed is not None:
+            self._explain("manifest", f"stored entry is stale: {changed}")
+            return None
+        t0 = time.perf_counter()
+        callbacks = None
+        if header.get("callbacks") == "trace" or self.cfg.verify:
+            lowered = self._trace_lower()
+            if header.get("callbacks") == "trace":
+                callbacks = _jax_compat.host_callbacks(lowered)
+            if self.lowered_digest != header.get("lowered"):
+                if self.cfg.verify:
+                    raise VerifyError(
+                        f"KILN_VERIFY: stored entry {key[:12]} of {self.jf._name} does not match "
+                        f"a fresh lowering (stored module {str(header.get('lowered'))[:12]}, "
+                        f"now {str(self.lowered_digest)[:12]}); kiln's key missed a change. "
+                        "Please report this with KILN_EXPLAIN=1 output."
+                    )
+                self._explain("lowered", "stored module differs from the fresh lowering")
+                return None
+        try:
+            compiled = _jax_compat.load_compiled(entry.sections, callbacks)
+        except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
+            _explain.bump(bad_entries=1)
+            self._warn(
+                f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
+                f"({type(e).__name__}: {e}); recompiling and replacing it"
+            )
+            return None
+        load_s = time.perf_counter() - t0
+        _explain.bump(hits=1, load_seconds=load_s,
+                      saved_seconds=float(header.get("compile_seconds", 0.0)))
+        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
+        return compiled
+
+    def _explain_persistent_miss(self, key: str) -> None:
+        if not (self.cfg.explain or logger.isEnabledFor(logging.DEBUG)):
+            return
+        fname = f"{self.jf._module}.{self.jf._name}"
+        best: list[str] | None = None
+        try:
+            for other in self.store.iter():
+                header = self.store.header(other)
+                if not header or header.get("function") != fname:
+                    continue
+                diff = _explain.diff_parts(
+                    self.base_parts + [tuple(p) for p in self.fp.parts],
+                    header.get("key_parts", []) + header.get("fp_parts", []),
+                )
+                if best is None or len(diff) < len(best):
+                    best = diff
+        except OSError:
+            best = None
+        if best is None:
+            self._explain("persistent-miss", f"no stored entry for {fname} ({self.signature})")
+        else:
+            self._explain("persistent-miss",
+                          "closest stored entry differs in: " + "; ".join(best[:8]))
+
+    def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
+        lowered = self._trace_lower()
+        t0 = time.perf_counter()
+        with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
+            compiled = lowered.compile()
+        compile_s = time.perf_counter() - t0
+        total = time.perf_counter() - t_start
+        _explain.bump(misses=1, compiles=1, compile_seconds=total)
+        try:
+            sections, mode = _jax_compat.serialize_compiled(compiled)
+        except _jax_compat.Unserializable as e:
+            self._explain("unstorable", f"executable not stored: {e}")
+            return compiled
+        header = {
+            "kind": "executable",
+            "function": f"{self.jf._module}.{self.jf._name}",
+            "signature": self.signature,
+            "key_parts": [list(p) for p in self.base_parts],
+            "fp_parts": [list(p) for p in self.fp.parts] if manifest is not None else [],
+            "manifest": manifest or [],
+            "callbacks": mode,
+            "lowered": self.lowered_digest,
+            "compile_seconds": total,
+            "xla_compile_seconds": compile_s,
+            "trace_seconds": self.trace_seconds,
+            "created": time.time(),
+        }
+        self._put(key, header, sections)
+        return compiled
+
+    def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
+        if key is None:
+            return
+        blob = encode(header, sections, signing_key=self.cfg.signing_key)
+        try:
+            self.store.put(key, blob)
+        except OSError as e:
+            self._warn(f"kiln: cannot write to store {self.store.url!r} ({e}); continuing")
+            return
+        _explain.bump(stores_written=1)
+
+
+@overload
+def jit(
+    fun: F,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
+) -> JitFunction: ...
+
+
+@overload
+def jit(
+    fun: None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
+) -> Callable[[F], JitFunction]: ...
+
+
+def jit(
+    fun: Callable[..., Any] | None = None,
+    *,
+    static_argnums: int | Sequence[int] = (),
+    static_argnames: str | Sequence[str] = (),
+    donate_argnums: int | Sequence[int] = (),
+    donate_argnames: str | Sequence[str] = (),
+) -> Any:
+    """Compile ``fun`` with XLA like ``jax.jit``, and keep the executable in a store.
+
+    A drop-in for :func:`jax.jit`: same results for pytrees in and out, keyword arguments,
+    equinox Modules and dataclass pytrees. The first call with a given abstract signature
+    (pytree structure; per leaf shape, dtype, weak_type; static argument values) compiles and
+    writes an entry; any later process with the same store runs that executable without
+    tracing, lowering or compiling (see the module docstring for programs with host
+    callbacks). A stored executable is used only when nothing it was built from changed: the
+    function's code and the code of user helpers it calls, module globals, closure values and
+    defaults it reads, static argument values, argument avals and structure, jax config that
+    changes tracing, ``XLA_FLAGS``, jax / jaxlib / library versions, backend and device kind.
+
+    Args:
+        fun: the function to compile. Its dynamic arguments are pytrees of arrays.
+        static_argnums: positions of static arguments. Unlike ``jax.jit``, numpy arrays, jax
+            Arrays, numpy scalars and pytrees of them may be static: they are compared by value,
+            bitwise (same shape, dtype and bytes; NaN equals itself; -0.0 differs from 0.0).
+        static_argnames: names of static arguments (the same rules).
+        donate_argnums: positions of arguments whose buffers the executable may reuse.
+        donate_argnames: names of such arguments.
+
+    Returns:
+        A :class:`JitFunction` (or, with ``fun=None``, a decorator making one).
+
+    Raises:
+        StaticArgumentError: at call time, a static argument that cannot be hashed by value
+            (an object array, a traced value, an unhashable object); the message names the
+            argument and its pytree path.
+        StoreError: with ``KILN_STRICT=1``, a store that cannot be read or written or an entry
+            that is corrupt. Otherwise such problems are a :class:`StoreWarning` and a recompile.
+        VerifyError: with ``KILN_VERIFY=1``, a stored entry that differs from a fresh lowering.
+
+    Example:
+        >>> import jax.numpy as jnp, kiln
+        >>> @kiln.jit(static_argnames="n")
+        ... def power(x, n):
+        ...     return x**n
+        >>> power(jnp.arange(3.0), n=2).tolist()
+        [0.0, 1.0, 4.0]
+    """
+    kw = dict(
+        static_argnums=static_argnums,
+        static_argnames=static_argnames,
+        donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames,
+    )
+    if fun is None:
+        return lambda f: JitFunction(f, **kw)
+    return JitFunction(fun, **kw)
