@@ -34,6 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import numpy as np
 import xxhash
 
 from ._hashing import Unpersistable, static_digest
@@ -49,6 +51,7 @@ _LIB_ROOTS = tuple(
 )
 _KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _MAX_ITEMS = 5000
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -201,6 +204,8 @@ class _Walker:
             for k, item in items:
                 self.value(f"{name}[{k!r}]", item)
             return
+        if self.pytree(name, v):
+            return
         wrapped = getattr(v, "__wrapped__", None)
         if wrapped is not None and callable(v) and not isinstance(v, type):
             # jax.jit / kiln.jit / functools.wraps objects: the wrapped function is what runs.
@@ -218,6 +223,25 @@ class _Walker:
             self.unsound(f"{name}: {e}")
         except TypeError as e:
             self.unsound(f"{name}: {e}")
+
+    def pytree(self, name: str, v: Any) -> bool:
+        """Walk a registered pytree node (equinox Module, diffrax term, ...) one level down."""
+        if isinstance(v, jax.Array | np.ndarray | np.generic) or type(v) in _PLAIN:
+            return False
+        try:
+            children, treedef = jax.tree_util.tree_flatten(v, is_leaf=lambda n: n is not v)
+        except Exception:  # noqa: BLE001 - exotic flatten failures: not a pytree for us
+            return False
+        data = treedef.node_data()
+        if data is None:
+            return False
+        typ, aux = data
+        self.klass(typ)
+        self.add(f"pytree:{name}", f"{typ.__module__}.{typ.__qualname__}")
+        self.value(f"{name}.<aux>", aux)
+        for i, child in enumerate(children):
+            self.value(f"{name}.<child {i}>", child)
+        return True
 
     def klass(self, cls: type) -> None:
         mod = cls.__module__
