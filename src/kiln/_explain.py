@@ -68,15 +68,25 @@ _lock = threading.Lock()
 
 def stats() -> Stats:
     """A snapshot of this process's counters (see :class:`Stats`)."""
+    from ._jit import hot_calls
+
     with _lock:
-        return dataclasses.replace(_stats, reasons=Counter(_stats.reasons))
+        return dataclasses.replace(
+            _stats, calls_hot=hot_calls() - _hot_offset, reasons=Counter(_stats.reasons)
+        )
+
+
+_hot_offset = 0
 
 
 def reset_stats() -> None:
     """Zero the counters."""
-    global _stats
+    global _stats, _hot_offset
+    from ._jit import hot_calls
+
     with _lock:
         _stats = Stats()
+        _hot_offset = hot_calls()
 
 
 def bump(**kwargs: float) -> None:

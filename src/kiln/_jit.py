@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
@@ -53,6 +54,14 @@ logger = logging.getLogger("kiln")
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ArrayImpl = type(jax.numpy.zeros(()))
+_tree_flatten = jax.tree_util.tree_flatten
+_trace_context_token = _jax_compat.trace_context_token
+_instances: weakref.WeakSet[JitFunction] = weakref.WeakSet()
+
+
+def hot_calls() -> int:
+    """Calls served from the in-process tables of all live kiln.jit functions."""
+    return sum(f._hot_calls for f in list(_instances))
 _SCALARS = (int, float, bool, complex)
 _VERIFY_ONLY = object()
 
@@ -176,6 +185,8 @@ class JitFunction:
         self._table: dict[Any, Any] = {}
         self._seen: list[Any] = []
         self._inline: dict[Any, Callable[..., Any]] = {}
+        self._hot_calls = 0
+        _instances.add(self)
         self._lock = threading.RLock()
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
@@ -261,24 +272,33 @@ class JitFunction:
 
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        sigs = tuple(map(_leaf_sig, leaves))
-        static_key = self._static_key(statics) if statics else ()
-        if None in sigs or jax.config.jax_disable_jit:
-            # Under a transformation (or disable_jit): behave like a nested jax.jit.
-            cache_key = (static_key, len(dyn_args))
-            fn = self._inline.get(cache_key)
-            if fn is None:
-                fn = self._inline[cache_key] = self._jitted(statics, len(dyn_args))
-            return fn(*dyn_args, **dyn_kwargs)
-        key = (_jax_compat.trace_context_token(), treedef, sigs, static_key)
-        compiled = self._table.get(key)
-        if compiled is None:
-            compiled = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
+        if self._static_argnums or self._static_argnames:
+            dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
+            static_key = self._static_key(statics) if statics else ()
         else:
-            _explain.bump(calls_hot=1)
-        return compiled(*dyn_args, **dyn_kwargs)
+            dyn_args, dyn_kwargs, statics, static_key = args, kwargs, (), ()
+        leaves, treedef = _tree_flatten((dyn_args, dyn_kwargs))
+        sigs = tuple(map(_leaf_sig, leaves))
+        if None in sigs:
+            # Under a transformation (grad, vmap, an outer jit): behave like a nested jax.jit.
+            return self._inline_fn(statics, static_key, len(dyn_args))(*dyn_args, **dyn_kwargs)
+        # jax's trace context includes jax_disable_jit, x64, matmul precision, ...
+        key = (_trace_context_token(), treedef, sigs, static_key)
+        call = self._table.get(key)
+        if call is None:
+            call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
+        else:
+            self._hot_calls += 1
+        return call(*dyn_args, **dyn_kwargs)
+
+    def _inline_fn(
+        self, statics: tuple[tuple[Any, Any], ...], static_key: tuple[Any, ...], n_dyn: int
+    ) -> Callable[..., Any]:
+        cache_key = (static_key, n_dyn)
+        fn = self._inline.get(cache_key)
+        if fn is None:
+            fn = self._inline[cache_key] = self._jitted(statics, n_dyn)
+        return fn
 
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Compile (or load) and store the entry for these arguments without running it.
@@ -300,7 +320,7 @@ class JitFunction:
         if None in sigs:
             raise TypeError("precompile: arguments must be concrete arrays or ShapeDtypeStructs")
         static_key = self._static_key(statics) if statics else ()
-        key = (_jax_compat.trace_context_token(), treedef, sigs, static_key)
+        key = (_trace_context_token(), treedef, sigs, static_key)
         if key not in self._table:
             self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
 
@@ -336,6 +356,10 @@ class JitFunction:
             compiled = self._table.get(key)
             if compiled is not None:
                 return compiled
+            if jax.config.jax_disable_jit:
+                inner = self._inner(statics, len(dyn_args))
+                self._table[key] = inner
+                return inner
             cfg = get_config()
             self._explain_memory_miss(key, dyn_args, dyn_kwargs, cfg)
             compiled = _Miss(self, cfg, dyn_args, dyn_kwargs, statics, static_key, treedef,
