@@ -121,6 +121,13 @@ class LocalStore:
             db.commit()
         return data
 
+    def peek(self, key: str) -> bytes | None:
+        """The blob stored under ``key``, or ``None``, without marking it used (for audits)."""
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         self._ensure_dirs()
