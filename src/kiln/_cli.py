@@ -1,0 +1,710 @@
+"""The ``kiln`` command line: run a script with kiln, inspect and maintain the store, demo.
+
+Verbs::
+
+    kiln run [--explain] [--verify] [--store URL] SCRIPT [ARGS...]
+    kiln ls [--json]                      one row per entry (headers only, no payload read)
+    kiln stats [--json]                   entry count, bytes, per-function counts
+    kiln verify [--json] [--delete-bad]   decode every entry and check its digest / signature
+    kiln prune --max-size SIZE [--dry-run]
+    kiln clear --yes | --dry-run
+    kiln demo [--runs N] [--script PATH] [--json]
+
+Every verb works on the store of kiln's configuration (``KILN_STORE``, ``KILN_CACHE_DIR``, ...);
+``--cache-dir DIR`` and ``--store URL`` (before or after the verb) override it. Data goes to
+stdout, diagnostics to stderr as ``error: <what>``. Exit status: 0 ok, 1 failure, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import runpy
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _config
+from ._errors import KilnError
+
+__all__ = ["main"]
+
+#: Wall clock for ages in ``kiln ls`` (tests replace it).
+_clock: Callable[[], float] = time.time
+
+_STATS_FIELDS = ("hits", "misses", "traces", "compiles", "compile_seconds", "saved_seconds")
+
+
+class _Failure(Exception):
+    """A verb failed: print ``error: <message>`` and exit with ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with kiln's error format (``error: <what>`` after the usage line)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+
+# -- formatting ----------------------------------------------------------------------------------
+def _human_size(n: int) -> str:
+    """Bytes as ``512 B``, ``28.4 KiB``, ``1.2 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{int(seconds)} s ago"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h ago"
+    return f"{int(seconds // 86400)} d ago"
+
+
+def _columns(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """Plain aligned columns (two spaces apart, no trailing blanks): stable for pipes and tests."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def _entries(n: int) -> str:
+    return f"{n} entry" if n == 1 else f"{n} entries"
+
+
+def _say(line: str = "") -> None:
+    print(line, file=sys.stdout, flush=True)
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# -- configuration -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _configured(**settings: Any) -> Iterator[None]:
+    """``kiln.configure(**settings)`` (``None`` values skipped) for the duration of the block.
+
+    The previous process-wide settings are restored afterwards, so calling :func:`main` twice in
+    one process (tests) does not leak ``--cache-dir`` from one call into the next.
+    """
+    settings = {k: v for k, v in settings.items() if v is not None}
+    missing = object()
+    saved = {k: _config._overrides.get(k, missing) for k in settings}
+    _config.configure(**settings)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is missing:
+                _config._overrides.pop(name, None)
+            else:
+                _config._overrides[name] = value
+
+
+def _open_store() -> Any:
+    from .stores import open_store
+
+    return open_store(_config.get_config())
+
+
+@dataclasses.dataclass
+class _Row:
+    key: str
+    kind: str
+    function: str
+    signature: str
+    size: int
+    created: float | None
+    last_used: float | None
+    compile_seconds: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _rows(store: Any) -> list[_Row]:
+    """One row per entry, from headers and stats only (no payload read, nothing marked used)."""
+    rows = []
+    for key in store.iter():
+        try:
+            st = store.stat(key)
+            header = store.header(key)
+        except ValueError:  # a file in the store that is not named like a key
+            st, header = None, None
+        if st is None and header is None:
+            # Vanished since iter() (pruned concurrently), or not an entry at all.
+            if not _looks_like_key(key):
+                rows.append(_Row(key, "unreadable", "<unreadable>", "-", 0, None, None, None))
+            continue
+        size = st.size if st else 0
+        created = st.created if st else None
+        last_used = st.last_used if st else None
+        if header is None:
+            rows.append(
+                _Row(key, "unreadable", "<unreadable>", "-", size, created, last_used, None)
+            )
+            continue
+        kind = str(header.get("kind", "executable"))
+        seconds = header.get("compile_seconds")
+        seconds = float(seconds) if isinstance(seconds, int | float) else None
+        if kind == "verify-only":
+            # A marker: "this fingerprint needs the verify path"; no executable behind it.
+            rows.append(_Row(key, kind, "-", "-", size, created, last_used, None))
+            continue
+        rows.append(_Row(
+            key, kind, str(header.get("function", "?")), str(header.get("signature", "?")),
+            size, created, last_used, seconds,
+        ))
+    rows.sort(key=lambda r: (r.function, r.created or 0.0, r.key))
+    return rows
+
+
+def _looks_like_key(key: str) -> bool:
+    return len(key) >= 8 and all(c in "0123456789abcdef" for c in key)
+
+
+# -- verbs ---------------------------------------------------------------------------------------
+def _cmd_ls(args: argparse.Namespace) -> int:
+    store = _open_store()
+    rows = _rows(store)
+    if args.json:
+        _say(json.dumps([r.as_json() for r in rows], indent=2))
+        return 0
+    if not rows:
+        _note(f"no entries in {store.url}")
+        return 0
+    now = _clock()
+    table = [("FUNCTION", "SIGNATURE", "SIZE", "CREATED", "LAST USED", "COMPILE S", "KEY")]
+    for r in rows:
+        table.append((
+            r.function,
+            r.signature,
+            _human_size(r.size),
+            "-" if r.created is None else _ago(now - r.created),
+            "-" if r.last_used is None else _ago(now - r.last_used),
+            "-" if r.compile_seconds is None else f"{r.compile_seconds:.2f}",
+            r.key[:12],
+        ))
+    for line in _columns(table, right=(False, False, True, True, True, True, False)):
+        _say(line)
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    store = _open_store()
+    rows = _rows(store)
+    functions = Counter(r.function for r in rows if r.kind not in ("verify-only", "unreadable"))
+    summary = {
+        "store": store.url,
+        "entries": len(rows),
+        "bytes": sum(r.size for r in rows),
+        "compile_seconds": round(sum(r.compile_seconds or 0.0 for r in rows), 6),
+        "functions": dict(sorted(functions.items())),
+        "verify_only_markers": sum(r.kind == "verify-only" for r in rows),
+        "unreadable": sum(r.kind == "unreadable" for r in rows),
+    }
+    if args.json:
+        _say(json.dumps(summary, indent=2))
+        return 0
+    _say(f"store: {summary['store']}")
+    _say(f"entries: {summary['entries']}")
+    _say(f"size: {_human_size(summary['bytes'])} ({summary['bytes']} bytes)")
+    _say(f"compile seconds stored: {summary['compile_seconds']:.2f}")
+    if summary["verify_only_markers"]:
+        _say(f"verify-only markers: {summary['verify_only_markers']}")
+    if summary["unreadable"]:
+        _say(f"unreadable: {summary['unreadable']}")
+    if functions:
+        _say("functions:")
+        for line in _columns([(str(n), f) for f, n in sorted(functions.items())], (True, False)):
+            _say("  " + line)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from ._entry import decode
+
+    cfg = _config.get_config()
+    store = _open_store()
+    read = getattr(store, "peek", None) or store.get  # peek: do not disturb the LRU order
+    results = []
+    for key in sorted(store.iter()):
+        reason: str | None = None
+        function = "-"
+        try:
+            blob = read(key)
+        except ValueError:
+            blob, reason = None, "not named like an entry key"
+        except OSError as e:
+            blob, reason = None, f"cannot read: {e}"
+        if blob is None and reason is None:
+            continue  # removed since iter()
+        if blob is not None:
+            try:
+                entry = decode(blob, signing_key=cfg.signing_key)
+                function = str(entry.header.get("function", "?"))
+                if entry.header.get("kind") == "verify-only":
+                    function = "-"
+            except KilnError as e:
+                reason = str(e)
+        deleted = False
+        if reason is not None and args.delete_bad:
+            with contextlib.suppress(ValueError):
+                deleted = bool(store.delete(key))
+        results.append({"key": key, "ok": reason is None, "function": function,
+                        "reason": reason, "deleted": deleted})
+    bad = [r for r in results if not r["ok"]]
+    if args.json:
+        _say(json.dumps({
+            "store": store.url,
+            "entries": results,
+            "ok": len(results) - len(bad),
+            "bad": len(bad),
+            "deleted": sum(r["deleted"] for r in results),
+        }, indent=2))
+    else:
+        for r in results:
+            if r["ok"]:
+                _say(f"ok {r['key'][:12]} {r['function']}")
+            else:
+                _say(f"BAD {r['key'][:12]} {r['reason']}" + (" (deleted)" if r["deleted"] else ""))
+        summary = f"{_entries(len(results))}: {len(results) - len(bad)} ok, {len(bad)} bad"
+        if args.delete_bad:
+            summary += f", {sum(r['deleted'] for r in results)} deleted"
+        _say(summary)
+    return 1 if bad else 0
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from .stores import LocalStore
+
+    try:
+        max_size = _config.parse_size(args.max_size, name="--max-size")
+    except KilnError as e:
+        raise _Failure(str(e), code=2) from None
+    store = _open_store()
+    if not isinstance(store, LocalStore):
+        raise _Failure(f"prune needs a local store; the configured store is {store.url!r}")
+    sizes = {}
+    for key in store.iter():
+        with contextlib.suppress(ValueError):
+            st = store.stat(key)
+            if st is not None:
+                sizes[key] = st.size
+    evicted = store.prune(max_size, dry_run=args.dry_run)
+    freed = sum(sizes.get(k, 0) for k in evicted)
+    left = sum(sizes.values()) - freed
+    verb = "would remove" if args.dry_run else "removed"
+    _say(
+        f"{verb} {_entries(len(evicted))} ({_human_size(freed)}); "
+        f"{_entries(len(sizes) - len(evicted))} ({_human_size(left)}) "
+        f"{'would remain' if args.dry_run else 'remain'} in {store.url}"
+    )
+    return 0
+
+
+def _cmd_clear(args: argparse.Namespace) -> int:
+    store = _open_store()
+    if not (args.yes or args.dry_run):
+        raise _Failure(f"clear deletes every entry in {store.url}; pass --yes to confirm", code=2)
+    keys = list(store.iter())
+    size = 0
+    for key in keys:
+        with contextlib.suppress(ValueError):
+            st = store.stat(key)
+            size += st.size if st is not None else 0
+    if args.dry_run:
+        _say(f"would remove {_entries(len(keys))} ({_human_size(size)}) from {store.url}")
+        return 0
+    removed = 0
+    for key in keys:
+        with contextlib.suppress(ValueError):
+            removed += bool(store.delete(key))
+    _say(f"removed {_entries(removed)} ({_human_size(size)}) from {store.url}")
+    return 0
+
+
+# -- kiln run ------------------------------------------------------------------------------------
+def _stats_delta(before: Any, after: Any) -> dict[str, float]:
+    return {f: getattr(after, f) - getattr(before, f) for f in (*_STATS_FIELDS, "bad_entries")}
+
+
+def _format_summary(delta: dict[str, float]) -> str:
+    parts = [
+        f"hits: {int(delta['hits'])}",
+        f"misses: {int(delta['misses'])}",
+        f"traces: {int(delta['traces'])}",
+        f"compiles: {int(delta['compiles'])}",
+        f"compile_seconds: {delta['compile_seconds']:.2f}",
+        f"saved_seconds: {delta['saved_seconds']:.2f}",
+    ]
+    if delta["bad_entries"]:
+        parts.append(f"bad_entries: {int(delta['bad_entries'])}")
+    return "kiln: " + ", ".join(parts)
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """The script's traceback without the frames of kiln and runpy above it."""
+    tb = exc.__traceback__
+    target = os.path.realpath(script)
+    probe = tb
+    while probe is not None:
+        if os.path.realpath(probe.tb_frame.f_code.co_filename) == target:
+            tb = probe
+            break
+        probe = probe.tb_next
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+
+
+def _exit_code(e: SystemExit) -> int:
+    """The status Python would exit with for ``sys.exit(e.code)``."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from . import _explain
+
+    script = args.script
+    if not os.path.isfile(script):
+        raise _Failure(f"cannot run {script!r}: no such file", code=2)
+    settings: dict[str, Any] = {}
+    if args.explain:
+        settings["explain"] = True
+    if args.verify:
+        settings["verify"] = True
+    if sys.stderr.isatty() and _config.get_config().progress is None:
+        settings["progress"] = True
+    handler: logging.Handler | None = None
+    kiln_logger = logging.getLogger("kiln")
+    if args.explain:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        kiln_logger.addHandler(handler)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *args.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    before = _explain.stats()
+    code = 0
+    try:
+        with _configured(**settings):
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as e:
+                code = _exit_code(e)
+            except KeyboardInterrupt:
+                _note("KeyboardInterrupt")
+                code = 130
+            except Exception as e:  # noqa: BLE001 - report the script's error like python does
+                _print_script_traceback(e, script)
+                code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if handler is not None:
+            kiln_logger.removeHandler(handler)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        _note(_format_summary(_stats_delta(before, _explain.stats())))
+    return code
+
+
+# -- kiln demo -----------------------------------------------------------------------------------
+def _default_demo_script() -> Path:
+    import kiln
+
+    return Path(kiln.__file__).resolve().parents[2] / "examples" / "lotka_volterra.py"
+
+
+def _run_example(script: Path, jit: str, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``script --jit JIT`` in a fresh process; its last stdout line is one JSON object."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(script), "--jit", jit],
+        env=env, capture_output=True, text=True, check=False,
+    )
+    wall = time.perf_counter() - t0
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    result: Any = None
+    if proc.returncode == 0 and lines:
+        with contextlib.suppress(ValueError):
+            result = json.loads(lines[-1])
+    if not isinstance(result, dict) or "time_to_first_result_s" not in result:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        what = f"exited with status {proc.returncode}" if proc.returncode else (
+            "did not print a JSON line with time_to_first_result_s last")
+        raise _Failure(f"{script} --jit {jit} {what}" + (f":\n{tail}" if tail else ""))
+    result["process_wall_s"] = wall
+    return result
+
+
+def _demo_env(**set_vars: str) -> dict[str, str]:
+    env = dict(os.environ)
+    # Each row controls its own caches: no inherited kiln store, no inherited JAX cache.
+    for var in ("KILN_STORE", "KILN_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR",
+                "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+        env.pop(var, None)
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+    env.update(set_vars)
+    return env
+
+
+def _params_text(params: Any) -> str:
+    if not isinstance(params, dict):
+        return str(params)
+    return " / ".join(f"{params[k]:.6g}" if isinstance(params[k], float) else str(params[k])
+                      for k in sorted(params))
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    script = Path(args.script) if args.script else _default_demo_script()
+    if not script.is_file():
+        raise _Failure(
+            f"demo script not found: {script}; the demo runs examples/lotka_volterra.py from a "
+            "source checkout of kiln; pass --script PATH to point at it"
+        )
+    if args.runs < 1:
+        raise _Failure(f"--runs must be >= 1, got {args.runs}", code=2)
+
+    # (label, jit mode, environment key, repeat?)
+    plan = [
+        ("kiln, cold (empty store)", "kiln", "kiln", False),
+        ("kiln, warm", "kiln", "kiln", True),
+        ("jax.jit", "jax", "plain", False),
+        ("jax.jit + JAX persistent cache, cold", "jax", "jaxcache", False),
+        ("jax.jit + JAX persistent cache, warm", "jax", "jaxcache", True),
+    ]
+    rows: list[dict[str, Any]] = []
+    all_params: list[tuple[str, Any]] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="kiln-demo-store-", ignore_cleanup_errors=True) as d1,
+        tempfile.TemporaryDirectory(prefix="kiln-demo-jaxcache-", ignore_cleanup_errors=True) as d2,
+    ):
+        envs = {
+            "kiln": _demo_env(KILN_CACHE_DIR=d1),
+            "plain": _demo_env(),
+            "jaxcache": _demo_env(
+                JAX_ENABLE_COMPILATION_CACHE="true",
+                JAX_COMPILATION_CACHE_DIR=d2,
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+            ),
+        }
+        for i, (label, jit, env_name, repeat) in enumerate(plan, 1):
+            n = args.runs if repeat else 1
+            results = []
+            for j in range(n):
+                run_no = f" (run {j + 1}/{n})" if n > 1 else ""
+                print(f"kiln demo: [{i}/{len(plan)}] running {label}{run_no} ...",
+                      end="", file=sys.stderr, flush=True)
+                res = _run_example(script, jit, envs[env_name])
+                print(f" {res['time_to_first_result_s']:.2f} s to first result", file=sys.stderr,
+                      flush=True)
+                results.append(res)
+                all_params.append((label, res.get("params")))
+            rows.append({
+                "mode": label,
+                "jit": jit,
+                "runs": n,
+                "time_to_first_result_s": statistics.median(
+                    float(r["time_to_first_result_s"]) for r in results),
+                "process_wall_s": statistics.median(r["process_wall_s"] for r in results),
+                "params": results[0].get("params"),
+                "loss": results[0].get("loss"),
+            })
+    base = next(r for r in rows if r["mode"] == "jax.jit")["time_to_first_result_s"]
+    for r in rows:
+        t = r["time_to_first_result_s"]
+        r["speedup_vs_jax_jit"] = base / t if t > 0 else None
+    reference = all_params[0][1]
+    differing = sorted({label for label, p in all_params if p != reference})
+    identical = not differing
+
+    if args.json:
+        _say(json.dumps({"script": str(script), "rows": rows, "identical_params": identical},
+                        indent=2))
+    else:
+        _print_demo_table(rows, args.runs)
+        if identical:
+            _say(f"fitted parameters identical in every row: {_params_text(reference)}")
+        else:
+            _say(f"fitted parameters DIFFER from the first row in: {', '.join(differing)}")
+    if not identical:
+        raise _Failure("fitted parameters differ between rows: " + ", ".join(differing))
+    return 0
+
+
+def _print_demo_table(rows: list[dict[str, Any]], runs: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout, highlight=False)
+    if not console.is_terminal:
+        console = Console(file=sys.stdout, highlight=False, width=160)
+    title = "Lotka-Volterra fit, each row a fresh process"
+    if runs > 1:
+        title += f" (warm rows: median of {runs})"
+    table = Table(title=title)
+    table.add_column("mode")
+    table.add_column("time to first result (s)", justify="right")
+    table.add_column("process wall (s)", justify="right")
+    table.add_column("speed-up vs jax.jit", justify="right")
+    table.add_column("params a / b / c / d")
+    table.add_column("loss", justify="right")
+    for r in rows:
+        speedup = r["speedup_vs_jax_jit"]
+        table.add_row(
+            r["mode"],
+            f"{r['time_to_first_result_s']:.2f}",
+            f"{r['process_wall_s']:.2f}",
+            "-" if speedup is None else f"{speedup:.1f}x",
+            _params_text(r["params"]),
+            f"{r['loss']:.6g}" if isinstance(r["loss"], float) else str(r["loss"]),
+        )
+    console.print(table)
+
+
+# -- parser --------------------------------------------------------------------------------------
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """``--cache-dir`` / ``--store``, accepted before and after the verb."""
+    p = argparse.ArgumentParser(add_help=False)
+    default = argparse.SUPPRESS if suppress else None
+    p.add_argument("--cache-dir", metavar="DIR", default=default,
+                   help="directory of the local store (default: KILN_CACHE_DIR or the user cache)")
+    p.add_argument("--store", metavar="URL", default=default,
+                   help="store URL: a directory, 'local', 'memory' or 'null' (default: KILN_STORE)")
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = _Parser(
+        prog="kiln",
+        description="kiln: make XLA compilation a one-time cost for JAX programs.",
+        parents=[_common(suppress=False)],
+    )
+    parser.add_argument("--version", action="version", version=f"kiln {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    sub.required = True
+    common = [_common(suppress=True)]
+
+    run = sub.add_parser(
+        "run", parents=common, help="run a Python script with kiln; print hits/misses at exit",
+        description="Run SCRIPT as __main__ with kiln configured; print a summary of hits, "
+        "misses, traces, compiles and compile seconds spent / saved to stderr at exit. "
+        "Exits with the script's status.",
+    )
+    run.add_argument("--explain", action="store_true",
+                     help="log why each miss happened (kiln.configure(explain=True)) to stderr")
+    run.add_argument("--verify", action="store_true",
+                     help="audit mode: re-trace every warm hit and compare with the stored module")
+    run.add_argument("script", metavar="SCRIPT")
+    run.add_argument("script_args", metavar="ARGS", nargs=argparse.REMAINDER,
+                     help="arguments passed to the script")
+    run.set_defaults(func=_cmd_run)
+
+    ls = sub.add_parser("ls", parents=common, help="list the entries of the store",
+                        description="One row per entry; reads headers only.")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.set_defaults(func=_cmd_ls)
+
+    stats = sub.add_parser("stats", parents=common, help="summarize the store")
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.set_defaults(func=_cmd_stats)
+
+    verify = sub.add_parser(
+        "verify", parents=common, help="check every entry's digest / signature",
+        description="Read every entry and check its format and digest (its HMAC signature when "
+        "KILN_SIGNING_KEY is set). Exits 1 if any entry is bad (also with --delete-bad).",
+    )
+    verify.add_argument("--json", action="store_true", help="machine-readable output")
+    verify.add_argument("--delete-bad", action="store_true", help="delete the bad entries")
+    verify.set_defaults(func=_cmd_verify)
+
+    prune = sub.add_parser(
+        "prune", parents=common, help="evict least recently used entries down to a size",
+        description="Evict least recently used entries of the local store until it holds at "
+        "most SIZE bytes.",
+    )
+    prune.add_argument("--max-size", required=True, metavar="SIZE",
+                       help="size such as 2GiB, 500MB or 1048576 (bytes)")
+    prune.add_argument("--dry-run", action="store_true", help="only report what would go")
+    prune.set_defaults(func=_cmd_prune)
+
+    clear = sub.add_parser("clear", parents=common, help="delete every entry")
+    clear.add_argument("--yes", action="store_true", help="confirm deleting every entry")
+    clear.add_argument("--dry-run", action="store_true", help="only count what would go")
+    clear.set_defaults(func=_cmd_clear)
+
+    demo = sub.add_parser(
+        "demo", parents=common,
+        help="time the Lotka-Volterra fit: kiln cold / warm vs jax.jit, each a fresh process",
+        description="Run examples/lotka_volterra.py in fresh processes: kiln with an empty "
+        "store, kiln warm, plain jax.jit, and jax.jit with JAX's persistent cache; print the "
+        "time to first result of each and check that all fitted the same parameters.",
+    )
+    demo.add_argument("--runs", type=int, default=1, metavar="N",
+                      help="repeat the warm rows N times and report the median (default 1)")
+    demo.add_argument("--script", metavar="PATH",
+                      help="the example to run (default: examples/lotka_volterra.py)")
+    demo.add_argument("--json", action="store_true", help="machine-readable output")
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``kiln`` command line with ``argv`` (default ``sys.argv[1:]``); return the status."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        with _configured(cache_dir=args.cache_dir, store=args.store):
+            return int(args.func(args))
+    except _Failure as e:
+        _note(f"error: {e}")
+        return e.code
+    except KilnError as e:
+        _note(f"error: {e}")
+        return 1
+    except OSError as e:
+        _note(f"error: {e}")
+        return 1
