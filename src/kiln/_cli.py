@@ -581,11 +581,11 @@ def _print_demo_table(rows: list[dict[str, Any]], runs: int) -> None:
     if runs > 1:
         title += f" (warm rows: median of {runs})"
     table = Table(title=title)
-    table.add_column("mode")
-    table.add_column("time to first result (s)", justify="right")
+    table.add_column("mode", no_wrap=True)
+    table.add_column("first result (s)", justify="right")
     table.add_column("process wall (s)", justify="right")
-    table.add_column("speed-up vs jax.jit", justify="right")
-    table.add_column("params a / b / c / d")
+    table.add_column("vs jax.jit", justify="right")
+    table.add_column("params a / b / c / d", no_wrap=True)
     table.add_column("loss", justify="right")
     for r in rows:
         speedup = r["speedup_vs_jax_jit"]

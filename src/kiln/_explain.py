@@ -159,7 +159,7 @@ def diff_parts(new: list[tuple[str, str]], old: list[list[str]] | list[tuple[str
             out.append(f"{n} added")
         elif b is None:
             out.append(f"{n} removed")
-        elif len(a) <= 40 and len(b) <= 40:
+        elif len(a) <= 120 and len(b) <= 120:
             out.append(f"{n}: {a} -> {b}")
         else:
             out.append(f"{n} changed")

@@ -187,6 +187,23 @@ def load_compiled(
     return _stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs)
 
 
+def pickle_value(value: Any) -> bytes:
+    """cloudpickle ``value`` (functions by reference when importable, else by value).
+
+    Raises:
+        Unserializable: it cannot be pickled.
+    """
+    try:
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001
+        raise Unserializable(f"cannot pickle {type(value).__name__}: {e}") from None
+
+
+def unpickle_value(data: bytes) -> Any:
+    """Inverse of :func:`pickle_value`; only for entries whose digest verified."""
+    return cloudpickle.loads(data)
+
+
 def is_tracer(x: Any) -> bool:
     """True for a JAX tracer (abstract value under a transformation)."""
     return isinstance(x, jax.core.Tracer)

@@ -64,6 +64,7 @@ def hot_calls() -> int:
     return sum(f._hot_calls for f in list(_instances))
 _SCALARS = (int, float, bool, complex)
 _VERIFY_ONLY = object()
+_STATIC_LEAF = "<static leaf>"
 
 
 def _leaf_sig(x: Any) -> Any:
@@ -78,8 +79,35 @@ def _leaf_sig(x: Any) -> Any:
         return (x.shape, x.dtype, bool(getattr(x, "weak_type", False)))
     if _jax_compat.is_tracer(x):
         return None
-    aval = jax.typeof(x)
+    try:
+        aval = jax.typeof(x)
+    except TypeError:
+        return _STATIC_LEAF  # not a JAX type (a function, a string, ...): static by value
     return (aval.shape, aval.dtype, aval.weak_type)
+
+
+def _is_jax_value(x: Any) -> bool:
+    if isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex | bool):
+        return True
+    if _jax_compat.is_tracer(x):
+        return True
+    try:
+        jax.typeof(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _with_static_outputs(compiled: Any, out_tree: Any, static_out: dict[int, Any]) -> Any:
+    """Wrap an executable whose non-JAX outputs were split off at trace time."""
+    n = out_tree.num_leaves
+
+    def call(*leaves: Any) -> Any:
+        it = iter(compiled(*leaves))
+        return out_tree.unflatten([static_out[i] if i in static_out else next(it)
+                                   for i in range(n)])
+
+    return call
 
 
 def _aval_text(sig: Any) -> str:
@@ -225,10 +253,12 @@ class JitFunction:
             kwargs = dkw
         return args, kwargs, tuple(statics)
 
-    def _static_key(self, statics: tuple[tuple[Any, Any], ...]) -> tuple[Any, ...]:
+    def _static_key(
+        self, statics: Sequence[tuple[Any, Any]], names: Sequence[str] | None = None
+    ) -> tuple[Any, ...]:
         out = []
-        for where, value in statics:
-            name = where if isinstance(where, str) else f"args[{where}]"
+        for n, (where, value) in enumerate(statics):
+            name = names[n] if names else (where if isinstance(where, str) else f"args[{where}]")
             try:
                 out.append((where, static_digest(value, argname=name)))
             except Unpersistable:
@@ -242,23 +272,24 @@ class JitFunction:
                 out.append((where, ("process-local", value)))
         return tuple(out)
 
-    def _inner(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Callable[..., Any]:
+    def _merge(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Callable[..., Any]:
+        """``call(dyn_args, dyn_kwargs)`` that re-inserts the static arguments and calls fun."""
         fun = self._fun
         pos = {w: v for w, v in statics if isinstance(w, int)}
         kw = {w: v for w, v in statics if isinstance(w, str)}
         total = n_dyn + len(pos)
         pos = {(w if w >= 0 else total + w): v for w, v in pos.items()}
 
-        def inner(*dyn: Any, **dkw: Any) -> Any:
+        def call(dyn: Sequence[Any], dkw: dict[str, Any]) -> Any:
             it = iter(dyn)
             args = [pos[i] if i in pos else next(it) for i in range(total)]
             return fun(*args, **dkw, **kw)
 
-        inner.__name__ = getattr(fun, "__name__", "fun")
-        inner.__qualname__ = self._name
-        return inner
+        return call
 
     def _jitted(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Any:
+        """A plain ``jax.jit`` of fun with the statics bound (used under transformations)."""
+        merge = self._merge(statics, n_dyn)
         pos = sorted(w for w, _ in statics if isinstance(w, int))
         total = n_dyn + len(pos)
         pos = sorted(w if w >= 0 else total + w for w in pos)
@@ -266,12 +297,86 @@ class JitFunction:
         donate = tuple(j for j, i in enumerate(dyn_positions) if i in self._donate_argnums)
         static_names = {w for w, _ in statics if isinstance(w, str)}
         dnames = tuple(n for n in self._donate_argnames if n not in static_names)
-        return jax.jit(
-            self._inner(statics, n_dyn), donate_argnums=donate, donate_argnames=dnames or None
-        )
+
+        def inner(*dyn: Any, **dkw: Any) -> Any:
+            return merge(dyn, dkw)
+
+        inner.__name__ = getattr(self._fun, "__name__", "fun")
+        inner.__qualname__ = self._name
+        return jax.jit(inner, donate_argnums=donate, donate_argnames=dnames or None)
+
+    def _flat_jitted(
+        self,
+        statics: tuple[tuple[Any, Any], ...],
+        n_dyn: int,
+        treedef: Any,
+        static_leaves: dict[int, Any],
+    ) -> Any:
+        """``jax.jit`` of ``inner(*array_leaves)``: kiln's calling convention for executables.
+
+        Leaves that are not JAX types (functions, strings, ... inside an equinox Module) are
+        static and bound here, as ``equinox.filter_jit`` does.
+        """
+        merge = self._merge(statics, n_dyn)
+        n_leaves = treedef.num_leaves
+        box: dict[str, Any] = {}
+
+        def direct(*dyn_leaves: Any) -> Any:
+            it = iter(dyn_leaves)
+            leaves = [static_leaves[i] if i in static_leaves else next(it) for i in range(n_leaves)]
+            dyn_args, dyn_kwargs = treedef.unflatten(leaves)
+            return merge(dyn_args, dyn_kwargs)
+
+        def inner(*dyn_leaves: Any) -> Any:
+            out = direct(*dyn_leaves)
+            out_leaves, out_tree = _tree_flatten(out)
+            static_out = {i: x for i, x in enumerate(out_leaves) if not _is_jax_value(x)}
+            if not static_out:
+                return out
+            # outputs that are not JAX types (an equinox Module's functions, strings) are
+            # returned outside the executable, as equinox.filter_jit does
+            box["static_out"] = (out_tree, static_out)
+            return [x for i, x in enumerate(out_leaves) if i not in static_out]
+
+        inner.__name__ = getattr(self._fun, "__name__", "fun")
+        inner.__qualname__ = self._name
+        donate = self._donated_leaves(statics, n_dyn, treedef, static_leaves)
+        return direct, jax.jit(inner, donate_argnums=donate), box
+
+    def _donated_leaves(
+        self,
+        statics: tuple[tuple[Any, Any], ...],
+        n_dyn: int,
+        treedef: Any,
+        static_leaves: dict[int, Any],
+    ) -> tuple[int, ...]:
+        if not (self._donate_argnums or self._donate_argnames):
+            return ()
+        pos = sorted(w for w, _ in statics if isinstance(w, int))
+        total = n_dyn + len(pos)
+        pos = sorted(w if w >= 0 else total + w for w in pos)
+        dyn_positions = [i for i in range(total) if i not in pos]
+        args_def, kwargs_def = treedef.children()
+        donated: list[int] = []
+        start = 0
+        for j, child in enumerate(args_def.children()):
+            if dyn_positions[j] in self._donate_argnums:
+                donated += range(start, start + child.num_leaves)
+            start += child.num_leaves
+        names = kwargs_def.node_data()[1] or []
+        for name, child in zip(names, kwargs_def.children(), strict=True):
+            if name in self._donate_argnames:
+                donated += range(start, start + child.num_leaves)
+            start += child.num_leaves
+        # renumber over dynamic (array) leaves only
+        order = [i for i in range(treedef.num_leaves) if i not in static_leaves]
+        index = {leaf: k for k, leaf in enumerate(order)}
+        return tuple(index[i] for i in donated if i in index)
 
     # -- calling ------------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """(key, array leaves, dyn_args, dyn_kwargs, statics, static_key, treedef), or None
+        under a transformation (a tracer among the leaves)."""
         if self._static_argnums or self._static_argnames:
             dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
             static_key = self._static_key(statics) if statics else ()
@@ -280,16 +385,46 @@ class JitFunction:
         leaves, treedef = _tree_flatten((dyn_args, dyn_kwargs))
         sigs = tuple(map(_leaf_sig, leaves))
         if None in sigs:
-            # Under a transformation (grad, vmap, an outer jit): behave like a nested jax.jit.
-            return self._inline_fn(statics, static_key, len(dyn_args))(*dyn_args, **dyn_kwargs)
+            return None, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
+        if _STATIC_LEAF in sigs:
+            leaf_key, leaves = self._static_leaves(leaves, sigs, treedef)
+            static_key = static_key + leaf_key
         # jax's trace context includes jax_disable_jit, x64, matmul precision, ...
         key = (_trace_context_token(), treedef, sigs, static_key)
+        return key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef = self._prepare(
+            args, kwargs
+        )
+        if key is None:
+            # Under a transformation (grad, vmap, an outer jit): behave like a nested jax.jit.
+            return self._inline_fn(statics, static_key, len(dyn_args))(*dyn_args, **dyn_kwargs)
         call = self._table.get(key)
         if call is None:
-            call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
+            call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
         else:
             self._hot_calls += 1
-        return call(*dyn_args, **dyn_kwargs)
+        return call(*leaves)
+
+    def _static_leaves(
+        self, leaves: list[Any], sigs: tuple[Any, ...], treedef: Any
+    ) -> tuple[tuple[Any, ...], list[Any]]:
+        """Split non-JAX leaves off as static (keyed by value), keeping the array leaves."""
+        idx = [i for i, s in enumerate(sigs) if s is _STATIC_LEAF]
+        paths = None
+        try:
+            key = self._static_key([(("leaf", i), leaves[i]) for i in idx])
+        except StaticArgumentError:
+            paths = [
+                "args" + jax.tree_util.keystr(p)
+                for p, _ in jax.tree_util.tree_flatten_with_path(
+                    treedef.unflatten(leaves), is_leaf=lambda x: x is None
+                )[0]
+            ]
+            names = [paths[i] if i < len(paths) else f"leaf {i}" for i in idx]
+            key = self._static_key([(("leaf", i), leaves[i]) for i in idx], names)
+        return key, [x for x, s in zip(leaves, sigs, strict=True) if s is not _STATIC_LEAF]
 
     def _inline_fn(
         self, statics: tuple[tuple[Any, Any], ...], static_key: tuple[Any, ...], n_dyn: int
@@ -314,15 +449,11 @@ class JitFunction:
             >>> f(jnp.ones(3)).tolist()
             [2.0, 2.0, 2.0]
         """
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
-        sigs = tuple(map(_leaf_sig, leaves))
-        if None in sigs:
+        key, _, dyn_args, dyn_kwargs, statics, static_key, treedef = self._prepare(args, kwargs)
+        if key is None:
             raise TypeError("precompile: arguments must be concrete arrays or ShapeDtypeStructs")
-        static_key = self._static_key(statics) if statics else ()
-        key = (_trace_context_token(), treedef, sigs, static_key)
         if key not in self._table:
-            self._miss(key, dyn_args, dyn_kwargs, statics, static_key, leaves, treedef)
+            self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """``jax.jit(fun).lower(...)`` with kiln's static argument handling (always traces)."""
@@ -349,21 +480,18 @@ class JitFunction:
         dyn_kwargs: dict[str, Any],
         statics: tuple[tuple[Any, Any], ...],
         static_key: tuple[Any, ...],
-        leaves: list[Any],
         treedef: Any,
     ) -> Any:
         with self._lock:
             compiled = self._table.get(key)
             if compiled is not None:
                 return compiled
+            miss = _Miss(self, dyn_args, dyn_kwargs, statics, static_key, treedef, key[2])
             if jax.config.jax_disable_jit:
-                inner = self._inner(statics, len(dyn_args))
-                self._table[key] = inner
-                return inner
-            cfg = get_config()
-            self._explain_memory_miss(key, dyn_args, dyn_kwargs, cfg)
-            compiled = _Miss(self, cfg, dyn_args, dyn_kwargs, statics, static_key, treedef,
-                             key[2]).run()
+                self._table[key] = miss.inner
+                return miss.inner
+            self._explain_memory_miss(key, dyn_args, dyn_kwargs, miss.cfg)
+            compiled = miss.run()
             self._table[key] = compiled
             self._seen.append(key)
             return compiled
@@ -415,7 +543,6 @@ class _Miss:
     def __init__(
         self,
         jf: JitFunction,
-        cfg: Config,
         dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any],
         statics: tuple[tuple[Any, Any], ...],
@@ -424,10 +551,16 @@ class _Miss:
         sigs: tuple[Any, ...],
     ) -> None:
         self.jf = jf
-        self.cfg = cfg
-        self.dyn_args = dyn_args
-        self.dyn_kwargs = dyn_kwargs
-        self.jitted = jf._jitted(statics, len(dyn_args))
+        self.cfg = cfg = get_config()
+        all_leaves = treedef.flatten_up_to((dyn_args, dyn_kwargs))
+        static_leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, sigs, strict=True))
+                         if s is _STATIC_LEAF}
+        self.leaves = [x for i, x in enumerate(all_leaves) if i not in static_leaves]
+        self.inner, self.jitted, self.box = jf._flat_jitted(
+            statics, len(dyn_args), treedef, static_leaves
+        )
+        sigs = tuple(s for s in sigs if s is not _STATIC_LEAF)
+        statics = statics + tuple((("leaf", i), x) for i, x in static_leaves.items())
         self.store: Store = open_store(cfg)
         self.lowered: jax.stages.Lowered | None = None
         self.lowered_digest: str | None = None
@@ -439,9 +572,13 @@ class _Miss:
         self.unsound: str | None = None
         static_parts = []
         for (where, value), (_, digest) in zip(statics, static_key, strict=True):
-            name = where if isinstance(where, str) else f"args[{where}]"
+            name = (where if isinstance(where, str) else
+                    f"leaf[{where[1]}]" if isinstance(where, tuple) else f"args[{where}]")
             if isinstance(digest, tuple):
-                self.unsound = f"static argument {name!r} has no canonical digest"
+                # callables are fingerprinted by code in the walk below; others are unsound
+                if not callable(value):
+                    self.unsound = f"static argument {name!r} has no canonical digest"
+                digest = "see-fingerprint"
             static_parts.append((f"static:{name}", str(digest)))
             extra.append((f"static:{name}", value))
         self.fp = fingerprint(jf._fun, extra=extra)
@@ -467,7 +604,7 @@ class _Miss:
         if self.lowered is None:
             t0 = time.perf_counter()
             with record_calls() as calls:
-                traced = self.jitted.trace(*self.dyn_args, **self.dyn_kwargs)
+                traced = self.jitted.trace(*self.leaves)
             self.calls = calls
             _explain.bump(traces=1)
             self.lowered = traced.lower()
@@ -548,6 +685,10 @@ class _Miss:
                 return None
         try:
             compiled = _jax_compat.load_compiled(entry.sections, callbacks)
+            if "static_out" in entry.sections:
+                compiled = _with_static_outputs(
+                    compiled, *_jax_compat.unpickle_value(entry.sections["static_out"])
+                )
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
             _explain.bump(bad_entries=1)
             self._warn(
@@ -593,11 +734,15 @@ class _Miss:
         compile_s = time.perf_counter() - t0
         total = time.perf_counter() - t_start
         _explain.bump(misses=1, compiles=1, compile_seconds=total)
+        static_out = self.box.get("static_out")
+        result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
         try:
             sections, mode = _jax_compat.serialize_compiled(compiled)
+            if static_out is not None:
+                sections["static_out"] = _jax_compat.pickle_value(static_out)
         except _jax_compat.Unserializable as e:
             self._explain("unstorable", f"executable not stored: {e}")
-            return compiled
+            return result
         header = {
             "kind": "executable",
             "function": f"{self.jf._module}.{self.jf._name}",
@@ -613,7 +758,7 @@ class _Miss:
             "created": time.time(),
         }
         self._put(key, header, sections)
-        return compiled
+        return result
 
     def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
         if key is None:

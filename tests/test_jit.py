@@ -1,0 +1,383 @@
+"""kiln.jit in one process: drop-in behaviour, counts, static arrays, bad entries, explanations."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kiln
+from kiln._entry import FORMAT_VERSION, MAGIC
+
+
+def _entry_files(cache):
+    return sorted((cache / "entries").glob("*/*.kiln"))
+
+
+class TraceLog(list):
+    """A list that grows by one on every trace; its __kiln_digest__ keeps it out of keys."""
+
+    def __kiln_digest__(self):
+        return b"trace-log"
+
+    __hash__ = object.__hash__
+
+
+def make_counted(fun, **jit_kwargs):
+    """kiln.jit(fun) plus a list that grows by one on every trace."""
+    traces = TraceLog()
+
+    @functools.wraps(fun)
+    def body(*args, **kwargs):
+        traces.append(1)
+        return fun(*args, **kwargs)
+
+    return kiln.jit(body, **jit_kwargs), traces
+
+
+# --------------------------------------------------------------------------- drop-in behaviour
+def test_decorator_forms_keep_metadata():
+    @kiln.jit
+    def add(x, y):
+        """Adds."""
+        return x + y
+
+    @kiln.jit(static_argnames="n")
+    def power(x, n):
+        return x**n
+
+    assert add.__name__ == "add" and add.__doc__ == "Adds."
+    assert add.__wrapped__.__name__ == "add"
+    assert float(add(1.0, 2.0)) == 3.0
+    assert power(jnp.arange(3.0), n=3).tolist() == [0.0, 1.0, 8.0]
+    assert power(jnp.arange(3.0), 2).tolist() == [0.0, 1.0, 4.0]
+
+
+@dataclasses.dataclass
+class Params:
+    w: jax.Array
+    b: jax.Array
+
+
+jax.tree_util.register_dataclass(Params, data_fields=["w", "b"], meta_fields=[])
+
+
+def _model(params, x, *, scale=1.0, extras=None):
+    y = (params.w @ x + params.b) * scale
+    out = {"y": y, "pair": (y.sum(), [x, 2 * x])}
+    if extras is not None:
+        out["extras"] = jax.tree_util.tree_map(lambda e: e + 1, extras)
+    return out
+
+
+def test_same_results_as_jax_jit_for_pytrees_and_kwargs():
+    p = Params(jnp.eye(3), jnp.arange(3.0))
+    x = jnp.array([1.0, 2.0, 3.0])
+    extras = {"a": jnp.ones(2), "b": (jnp.zeros(1),)}
+    want = jax.jit(_model)(p, x, scale=2.0, extras=extras)
+    got = kiln.jit(_model)(p, x, scale=2.0, extras=extras)
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_equinox_module_argument_and_output():
+    mlp = eqx.nn.MLP(2, 2, 8, 2, key=jax.random.PRNGKey(0))
+
+    @kiln.jit
+    def apply_and_update(model, x):
+        new = eqx.tree_at(lambda m: m.layers[0].bias, model, model.layers[0].bias + 1)
+        return model(x), new
+
+    y, new = apply_and_update(mlp, jnp.ones(2))
+    np.testing.assert_allclose(y, mlp(jnp.ones(2)), rtol=1e-6)
+    assert isinstance(new, eqx.nn.MLP)
+    np.testing.assert_allclose(new.layers[0].bias, mlp.layers[0].bias + 1)
+
+
+def test_method_decorator():
+    class Scaler:
+        def __init__(self, k):
+            self.k = k
+
+        @functools.partial(kiln.jit, static_argnums=0)
+        def __call__(self, x):
+            return x * self.k
+
+        def __hash__(self):
+            return hash(self.k)
+
+        def __eq__(self, other):
+            return isinstance(other, Scaler) and other.k == self.k
+
+    assert Scaler(3.0)(jnp.ones(2)).tolist() == [3.0, 3.0]
+
+
+def test_under_transformations_behaves_like_nested_jit():
+    f, traces = make_counted(lambda x: jnp.sin(x) * x)
+    x = jnp.linspace(0, 1, 4)
+    np.testing.assert_allclose(jax.grad(lambda x: f(x).sum())(x), jnp.sin(x) + x * jnp.cos(x),
+                               rtol=1e-6)
+    assert jax.vmap(f)(jnp.ones((3, 4))).shape == (3, 4)
+    assert float(jax.jit(lambda x: f(x).sum())(x)) == pytest.approx(float((jnp.sin(x) * x).sum()))
+    with jax.disable_jit():
+        np.testing.assert_allclose(f(x), jnp.sin(x) * x)
+
+
+def test_donate_argnums_runs():
+    f = kiln.jit(lambda x, y: x + y, donate_argnums=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU may not implement donation
+        assert f(jnp.ones(3), jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
+# --------------------------------------------------------------------------- counts
+def test_hot_path_and_persistent_hit_counts(kiln_store):
+    f, traces = make_counted(lambda x: x * 2)
+    x = jnp.ones(3)
+    f(x)
+    f(x)
+    s = kiln.stats()
+    assert (len(traces), s.misses, s.compiles, s.calls_hot, s.stores_written) == (1, 1, 1, 1, 1)
+    assert len(_entry_files(kiln_store)) == 1
+    f.clear_cache()
+    np.testing.assert_array_equal(f(x), 2 * x)
+    s = kiln.stats()
+    assert (len(traces), s.hits, s.compiles) == (1, 1, 1)
+    assert s.saved_seconds > 0
+
+
+def test_new_shape_dtype_weak_type_and_structure_recompile():
+    f, traces = make_counted(lambda x: jax.tree_util.tree_map(lambda a: a + 1, x))
+    f(jnp.ones(3))
+    f(jnp.ones(4))
+    f(jnp.ones(3, jnp.int32))
+    f(1.0)  # weak float32
+    f(np.float32(1.0))  # strong float32
+    f((jnp.ones(3),))
+    f([jnp.ones(3)])
+    f({"a": jnp.ones(3)})
+    f({"b": jnp.ones(3)})
+    assert len(traces) == 9
+    f(jnp.ones(3))
+    f(2.0)
+    assert len(traces) == 9
+
+
+def test_precompile_with_shape_dtype_struct():
+    f, traces = make_counted(lambda x, n: x * n, static_argnames="n")
+    f.precompile(jax.ShapeDtypeStruct((3,), jnp.float32), n=2)
+    assert len(traces) == 1 and kiln.stats().compiles == 1
+    assert f(jnp.ones(3), n=2).tolist() == [2.0, 2.0, 2.0]
+    assert len(traces) == 1
+    f.clear_cache()
+    f.precompile(jax.ShapeDtypeStruct((3,), jnp.float32), n=2)  # from the store
+    assert len(traces) == 1 and kiln.stats().hits == 1
+
+
+# --------------------------------------------------------------------------- static arrays
+def test_static_numpy_array_by_value():
+    f, traces = make_counted(lambda x, table: x + table.sum(), static_argnames="table")
+    x = jnp.ones(2)
+    t = np.arange(4.0)
+    assert f(x, table=t).tolist() == [7.0, 7.0]
+    assert f(x, table=t.copy()).tolist() == [7.0, 7.0]
+    assert len(traces) == 1  # equal content: no retrace
+    t[0] = 10.0  # mutated in place: never reuses the old executable
+    assert f(x, table=t).tolist() == [17.0, 17.0]
+    assert len(traces) == 2
+
+
+@pytest.mark.parametrize(
+    "a, b, same",
+    [
+        (np.array([np.nan, 1.0]), np.array([np.nan, 1.0]), True),
+        (np.array([0.0]), np.array([-0.0]), False),
+        (np.zeros((2, 2), np.float32), np.zeros((4,), np.float32), False),
+        (np.zeros(3, np.int32), np.zeros(3, np.float32), False),
+        (np.arange(8.0)[::2], np.array([0.0, 2.0, 4.0, 6.0]), True),
+        (jnp.arange(3.0), np.arange(3.0, dtype=np.float32), True),
+    ],
+)
+def test_static_array_equality_is_bitwise(a, b, same):
+    f, traces = make_counted(lambda x, s: x + jnp.asarray(s).size, static_argnums=1)
+    f(jnp.ones(1), a)
+    f(jnp.ones(1), b)
+    assert len(traces) == (1 if same else 2)
+
+
+def test_static_pytree_of_arrays():
+    f, traces = make_counted(lambda x, cfg: x * cfg["k"][0], static_argnames="cfg")
+    assert float(f(jnp.ones(()), cfg={"k": np.array([3.0])})) == 3.0
+    assert float(f(jnp.ones(()), cfg={"k": np.array([4.0])})) == 4.0
+    assert float(f(jnp.ones(()), cfg={"k": np.array([3.0])})) == 3.0
+    assert len(traces) == 2
+
+
+def test_object_array_static_error_names_argument_and_path():
+    f = kiln.jit(lambda x, cfg: x, static_argnames="cfg")
+    with pytest.raises(kiln.StaticArgumentError) as e:
+        f(jnp.ones(1), cfg={"w": np.array([object()], dtype=object)})
+    msg = str(e.value)
+    assert "'cfg'" in msg and "['w']" in msg and "object array" in msg
+    assert "dynamic" in msg
+
+
+def test_unhashable_static_error():
+    f = kiln.jit(lambda x, opts: x, static_argnames="opts")
+
+    class Opts:
+        __hash__ = None
+
+    with pytest.raises(kiln.StaticArgumentError, match="opts"):
+        f(jnp.ones(1), opts=Opts())
+
+
+def test_process_local_static_takes_verify_path(caplog):
+    class Local:  # hashable by identity, no canonical digest
+        def __init__(self, k):
+            self.k = k
+
+    f, traces = make_counted(lambda x, o: x * o.k, static_argnums=1)
+    o = Local(3.0)
+    assert f(jnp.ones(1), o).tolist() == [3.0]
+    assert f(jnp.ones(1), o).tolist() == [3.0]
+    assert len(traces) == 1
+    assert kiln.stats().reasons["verify-path"] == 1
+
+
+# --------------------------------------------------------------------------- bad entries
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[: len(b) // 2],  # truncated
+        lambda b: b"",  # zero length
+        lambda b: b"garbage" * 50,  # garbage
+        lambda b: MAGIC + (FORMAT_VERSION + 1).to_bytes(4, "little") + b[12:],  # other version
+        lambda b: b[:-40] + bytes([b[-40] ^ 1]) + b[-39:],  # one flipped byte
+    ],
+    ids=["truncated", "empty", "garbage", "other-version", "flipped-byte"],
+)
+def test_bad_entry_warns_once_recompiles_and_is_replaced(kiln_store, damage):
+    f, traces = make_counted(lambda x: x + 1)
+    x = jnp.arange(3.0)
+    f(x)
+    (path,) = _entry_files(kiln_store)
+    good = path.read_bytes()
+    path.write_bytes(damage(good))
+    f.clear_cache()
+    with pytest.warns(kiln.StoreWarning, match="recompiling and replacing") as rec:
+        np.testing.assert_array_equal(f(x), x + 1)
+    assert len(rec) == 1
+    assert len(traces) == 2 and kiln.stats().bad_entries == 1
+    assert path.read_bytes() != damage(good)  # replaced by a good entry
+    f.clear_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(f(x), x + 1)
+    assert len(traces) == 2 and kiln.stats().hits == 1
+
+
+def test_strict_mode_raises_on_bad_entry(kiln_store):
+    f = kiln.jit(lambda x: x + 1)
+    f(jnp.ones(2))
+    (path,) = _entry_files(kiln_store)
+    path.write_bytes(b"nonsense")
+    f.clear_cache()
+    kiln.configure(strict=True)
+    with pytest.raises(kiln.StoreError, match="unusable"):
+        f(jnp.ones(2))
+
+
+def test_signing_key_refuses_unsigned_and_foreign_entries(kiln_store):
+    f, traces = make_counted(lambda x: x - 1)
+    f(jnp.ones(2))  # unsigned entry
+    f.clear_cache()
+    kiln.configure(signing_key="secret-1")
+    with pytest.warns(kiln.StoreWarning, match="not signed"):
+        f(jnp.ones(2))
+    f.clear_cache()
+    kiln.configure(signing_key="secret-2")
+    with pytest.warns(kiln.StoreWarning, match="digest mismatch"):
+        f(jnp.ones(2))
+    f.clear_cache()
+    f(jnp.ones(2))  # signed with secret-2 now: a clean hit
+    assert len(traces) == 3 and kiln.stats().hits == 1
+
+
+def test_unwritable_store_warns_and_still_runs(tmp_path):
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("x")
+    kiln.configure(cache_dir=blocker / "sub")
+    f = kiln.jit(lambda x: x * 3)
+    with pytest.warns(kiln.StoreWarning):
+        assert f(jnp.ones(1)).tolist() == [3.0]
+
+
+def test_null_and_memory_stores():
+    kiln.configure(store="null")
+    f, traces = make_counted(lambda x: x)
+    f(jnp.ones(1))
+    f.clear_cache()
+    f(jnp.ones(1))
+    assert len(traces) == 2 and kiln.stats().hits == 0
+    kiln.configure(store="memory")
+    g, traces = make_counted(lambda x: x + 0.5)
+    g(jnp.ones(1))
+    g.clear_cache()
+    assert g(jnp.ones(1)).tolist() == [1.5]
+    assert len(traces) == 1 and kiln.stats().hits == 1
+
+
+# --------------------------------------------------------------------------- explanations
+def test_explain_names_changed_argument(caplog):
+    kiln.configure(explain=True)
+    f = kiln.jit(lambda x, y: x.sum() + y.sum())
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        f(jnp.ones(3), jnp.ones(3))
+        f(jnp.ones(4), jnp.ones(3))
+    text = caplog.text
+    assert "first call in this process" in text
+    assert "argument args[0]: float32[3] -> float32[4]" in text
+
+
+def test_explain_hints_recreated_function(caplog):
+    kiln.configure(explain=True)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(4):
+            kiln.jit(lambda x: x + 7)(jnp.ones(1))
+    assert "re-created on every call" in caplog.text
+
+
+def test_explain_names_changed_global_for_persistent_miss(caplog, monkeypatch, tmp_path):
+    (tmp_path / "kiln_explain_mod.py").write_text(
+        "import jax.numpy as jnp\nSCALE = 2.0\ndef f(x):\n    return x * SCALE\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kiln_explain_mod as mod
+
+    kiln.configure(explain=True)
+    f = kiln.jit(mod.f)
+    assert f(jnp.ones(1)).tolist() == [2.0]
+    monkeypatch.setattr(mod, "SCALE", 5.0)
+    f.clear_cache()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        assert f(jnp.ones(1)).tolist() == [5.0]
+    assert "closest stored entry differs in: value:kiln_explain_mod.SCALE" in caplog.text
+
+
+# --------------------------------------------------------------------------- arguments
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(TypeError, match="must be callable"):
+        kiln.jit(3)
+    with pytest.raises(ValueError, match="has no parameter 'nope'"):
+        kiln.jit(lambda x: x, static_argnames="nope")
+    with pytest.raises(TypeError, match="static_argnums"):
+        kiln.jit(lambda x: x, static_argnums="x")
