@@ -1,0 +1,601 @@
+"""Tests for the ``kiln`` command line (kiln._cli), through ``main(argv)`` and one subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import pytest
+
+import kiln
+from kiln import _cli
+from kiln._cli import main
+from kiln._entry import encode
+from kiln.stores import LocalStore
+
+
+def _double(x: Any) -> Any:
+    return x * 2
+
+
+def _inc(x: Any) -> Any:
+    return x + 1
+
+
+DOUBLE = f"{_double.__module__}._double"
+INC = f"{_inc.__module__}._inc"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("KILN_STORE", "KILN_CACHE_DIR", "KILN_SIGNING_KEY", "KILN_EXPLAIN",
+                "KILN_VERIFY", "KILN_STRICT", "KILN_PROGRESS", "KILN_MAX_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Any:
+    """An empty local store, configured process-wide for the test."""
+    d = tmp_path / "store"
+    kiln.configure(cache_dir=d)
+    yield d
+    kiln.configure(cache_dir=None, signing_key=None)
+
+
+@pytest.fixture
+def filled(store_dir: Path) -> Path:
+    """A store holding three entries: _double at two shapes, then _inc."""
+    double, inc = kiln.jit(_double), kiln.jit(_inc)
+    double(jnp.ones(3))
+    double(jnp.ones((2, 2)))
+    inc(jnp.ones(3))
+    double.clear_cache()
+    inc.clear_cache()
+    return store_dir
+
+
+def _entry_files(store_dir: Path) -> list[Path]:
+    return sorted((store_dir / "entries").glob("*/*.kiln"))
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _ls_json(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    code, out, _ = _run(["ls", "--json"], capsys)
+    assert code == 0
+    return json.loads(out)
+
+
+# -- formatting helpers ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (29082, "28.4 KiB"),
+     (5 * 1024**2, "5.0 MiB"), (3 * 1024**3 // 2, "1.5 GiB")],
+)
+def test_human_size(n: int, text: str) -> None:
+    assert _cli._human_size(n) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(-1.0, "0 s ago"), (5.9, "5 s ago"), (61, "1 min ago"), (7300, "2 h ago"),
+     (3 * 86400 + 5, "3 d ago")],
+)
+def test_ago(seconds: float, text: str) -> None:
+    assert _cli._ago(seconds) == text
+
+
+# -- usage ----------------------------------------------------------------------------------------
+def test_no_verb_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run([], capsys)
+    assert code == 2
+    assert out == ""
+    assert err.splitlines()[-1].startswith("error: ")
+
+
+def test_unknown_verb_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(["frobnicate"], capsys)
+    assert code == 2
+    assert "error: argument VERB: invalid choice: 'frobnicate'" in err
+
+
+def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0
+    assert "demo" in out and "prune" in out
+
+
+def test_cache_dir_option_is_scoped_to_the_call(
+    filled: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other"
+    assert _run(["--cache-dir", str(other), "ls", "--json"], capsys) == (0, "[]\n", "")
+    assert _run(["ls", "--json", "--cache-dir", str(other)], capsys) == (0, "[]\n", "")
+    # The process-wide setting of the caller is back in force.
+    assert kiln.get_config().cache_dir == filled
+    assert len(_ls_json(capsys)) == 3
+
+
+# -- ls -------------------------------------------------------------------------------------------
+def test_ls_json(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _ls_json(capsys)
+    assert [(r["function"], r["signature"]) for r in rows] == [
+        (DOUBLE, "float32[3]"),
+        (DOUBLE, "float32[2, 2]"),
+        (INC, "float32[3]"),
+    ]
+    files = {p.stem: p.stat().st_size for p in _entry_files(filled)}
+    for r in rows:
+        assert re.fullmatch(r"[0-9a-f]{64}", r["key"])
+        assert r["kind"] == "executable"
+        assert r["size"] == files[r["key"]]
+        assert r["created"] <= r["last_used"] <= time.time()
+        assert r["compile_seconds"] > 0
+    assert rows[0]["created"] < rows[1]["created"]
+
+
+def test_ls_table(
+    filled: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = _ls_json(capsys)
+    monkeypatch.setattr(_cli, "_clock", lambda: time.time() + 7200)
+    code, out, err = _run(["ls"], capsys)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert re.split(r"\s{2,}", lines[0]) == [
+        "FUNCTION", "SIGNATURE", "SIZE", "CREATED", "LAST USED", "COMPILE S", "KEY"
+    ]
+    assert len(lines) == 4
+    for line, row in zip(lines[1:], rows, strict=True):
+        assert re.split(r"\s{2,}", line.strip()) == [
+            row["function"],
+            row["signature"],
+            _cli._human_size(row["size"]),
+            "2 h ago",
+            "2 h ago",
+            f"{row['compile_seconds']:.2f}",
+            row["key"][:12],
+        ]
+        assert line == line.rstrip()
+
+
+def test_ls_empty_store(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["ls"], capsys) == (0, "", f"no entries in {store_dir}\n")
+    assert _run(["ls", "--json"], capsys) == (0, "[]\n", "")
+
+
+def test_ls_unreadable_and_verify_only(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = LocalStore(filled)
+    marker_key = "ab" * 32
+    store.put(marker_key, encode({"kind": "verify-only", "function": "m.f"}, {}, signing_key=None))
+    garbage_key = "cd" * 32
+    store.put(garbage_key, b"not an entry at all")
+    rows = {r["key"]: r for r in _ls_json(capsys)}
+    assert len(rows) == 5
+    assert (rows[marker_key]["kind"], rows[marker_key]["function"],
+            rows[marker_key]["signature"]) == ("verify-only", "-", "-")
+    assert (rows[garbage_key]["kind"], rows[garbage_key]["function"],
+            rows[garbage_key]["size"]) == ("unreadable", "<unreadable>", 19)
+    code, out, _ = _run(["ls"], capsys)
+    assert code == 0
+    fields = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()]
+    assert ["-", "-", _cli._human_size(rows[marker_key]["size"])] == fields[1][:3]
+    assert ["<unreadable>", "-", "19 B"] == fields[2][:3]
+    assert fields[2][-1] == "cdcdcdcdcdcd"
+
+
+# -- stats --------------------------------------------------------------------------------------
+def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _ls_json(capsys)
+    total = sum(r["size"] for r in rows)
+    seconds = sum(r["compile_seconds"] for r in rows)
+    code, out, _ = _run(["stats", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data == {
+        "store": str(filled),
+        "entries": 3,
+        "bytes": total,
+        "compile_seconds": pytest.approx(seconds, abs=1e-5),
+        "functions": {DOUBLE: 2, INC: 1},
+        "verify_only_markers": 0,
+        "unreadable": 0,
+    }
+    code, out, _ = _run(["stats"], capsys)
+    assert code == 0
+    assert out.splitlines() == [
+        f"store: {filled}",
+        "entries: 3",
+        f"size: {_cli._human_size(total)} ({total} bytes)",
+        f"compile seconds stored: {data['compile_seconds']:.2f}",
+        "functions:",
+        f"  2  {DOUBLE}",
+        f"  1  {INC}",
+    ]
+
+
+# -- verify -------------------------------------------------------------------------------------
+def test_verify_ok(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = {r["key"]: r["last_used"] for r in _ls_json(capsys)}
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[-1] == "3 entries: 3 ok, 0 bad"
+    assert sorted(lines[:-1]) == sorted(
+        f"ok {k[:12]} {DOUBLE if n < 2 else INC}"
+        for n, k in enumerate(r["key"] for r in _ls_json(capsys))
+    )
+    # Verifying reads every entry but does not count as a use (LRU order is kept).
+    assert {r["key"]: r["last_used"] for r in _ls_json(capsys)} == before
+
+
+def test_verify_detects_corruption(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    victim = _entry_files(filled)[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    key = victim.stem
+
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 1
+    lines = out.splitlines()
+    assert f"BAD {key[:12]} entry digest mismatch (corrupt or tampered)" in lines
+    assert sum(line.startswith("ok ") for line in lines) == 2
+    assert lines[-1] == "3 entries: 2 ok, 1 bad"
+
+    code, out, _ = _run(["verify", "--json"], capsys)
+    assert code == 1
+    data_json = json.loads(out)
+    assert (data_json["ok"], data_json["bad"], data_json["deleted"]) == (2, 1, 0)
+    bad = [e for e in data_json["entries"] if not e["ok"]]
+    assert [(e["key"], e["reason"]) for e in bad] == [
+        (key, "entry digest mismatch (corrupt or tampered)")
+    ]
+    assert victim.exists()
+
+    code, out, _ = _run(["verify", "--delete-bad"], capsys)
+    assert code == 1
+    assert f"BAD {key[:12]} entry digest mismatch (corrupt or tampered) (deleted)" in out
+    assert out.splitlines()[-1] == "3 entries: 2 ok, 1 bad, 1 deleted"
+    assert not victim.exists()
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 0
+    assert out.splitlines()[-1] == "2 entries: 2 ok, 0 bad"
+
+
+def test_verify_checks_signature(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kiln.configure(signing_key="secret")
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 1
+    lines = out.splitlines()
+    assert sum("entry is not signed but a signing_key is configured" in x for x in lines) == 3
+    assert lines[-1] == "3 entries: 0 ok, 3 bad"
+
+
+# -- prune --------------------------------------------------------------------------------------
+def test_prune_dry_run_deletes_nothing(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _ls_json(capsys)
+    total = sum(r["size"] for r in rows)
+    code, out, _ = _run(["prune", "--max-size", "0", "--dry-run"], capsys)
+    assert code == 0
+    assert out == (
+        f"would remove 3 entries ({_cli._human_size(total)}); "
+        f"0 entries (0 B) would remain in {filled}\n"
+    )
+    assert len(_entry_files(filled)) == 3
+
+
+def test_prune_evicts_least_recently_used(
+    filled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _ls_json(capsys)
+    oldest = min(rows, key=lambda r: r["last_used"])
+    total = sum(r["size"] for r in rows)
+    keep = total - oldest["size"]
+    code, out, _ = _run(["prune", "--max-size", str(keep)], capsys)
+    assert code == 0
+    assert out == (
+        f"removed 1 entry ({_cli._human_size(oldest['size'])}); "
+        f"2 entries ({_cli._human_size(keep)}) remain in {filled}\n"
+    )
+    assert {p.stem for p in _entry_files(filled)} == {r["key"] for r in rows} - {oldest["key"]}
+    # Already under the cap: nothing to do.
+    code, out, _ = _run(["prune", "--max-size", "1GiB"], capsys)
+    assert code == 0
+    assert out.startswith("removed 0 entries (0 B); 2 entries")
+
+
+def test_prune_bad_size_is_usage_error(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["prune", "--max-size", "lots"], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --max-size must be a size such as '4GiB'")
+
+
+def test_prune_needs_local_store(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["--store", "memory", "prune", "--max-size", "1MB"], capsys)
+    assert (code, out) == (1, "")
+    assert err == "error: prune needs a local store; the configured store is 'memory'\n"
+
+
+# -- clear --------------------------------------------------------------------------------------
+def test_clear_needs_yes(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(["clear"], capsys) == (
+        2, "", f"error: clear deletes every entry in {filled}; pass --yes to confirm\n"
+    )
+    assert len(_entry_files(filled)) == 3
+
+
+def test_clear_dry_run_and_yes(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    total = sum(r["size"] for r in _ls_json(capsys))
+    size = _cli._human_size(total)
+    assert _run(["clear", "--dry-run"], capsys) == (
+        0, f"would remove 3 entries ({size}) from {filled}\n", ""
+    )
+    assert len(_entry_files(filled)) == 3
+    assert _run(["clear", "--yes"], capsys) == (
+        0, f"removed 3 entries ({size}) from {filled}\n", ""
+    )
+    assert _entry_files(filled) == []
+    assert _ls_json(capsys) == []
+
+
+# -- run ----------------------------------------------------------------------------------------
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+
+    import jax.numpy as jnp
+    import kiln
+
+    import helper  # next to the script: the script's folder is sys.path[0]
+
+
+    @kiln.jit
+    def triple(x):
+        return x * helper.FACTOR
+
+
+    print(triple(jnp.ones(2)).tolist(), sys.argv[1:], __name__)
+    """
+)
+
+
+def _summary(err: str) -> str:
+    return err.strip().splitlines()[-1]
+
+
+def test_run_reports_miss_then_persistent_hit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, "helper", raising=False)
+    script = tmp_path / "prog" / "script.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    (script.parent / "helper.py").write_text("FACTOR = 3\n")
+    cache = tmp_path / "cache"
+    argv = sys.argv[:]
+
+    code, out, err = _run(["--cache-dir", str(cache), "run", str(script), "a", "--b"], capsys)
+    assert code == 0
+    assert out == "[3.0, 3.0] ['a', '--b'] __main__\n"
+    summary = _summary(err)
+    assert summary.startswith("kiln: hits: 0, misses: 1, traces: 1, compiles: 1, ")
+    assert re.search(r"compile_seconds: \d+\.\d\d, saved_seconds: 0\.00$", summary)
+    assert sys.argv == argv
+
+    # The script defines a new function object: a persistent hit, nothing traced or compiled.
+    code, out, err = _run(["--cache-dir", str(cache), "run", str(script)], capsys)
+    assert code == 0
+    assert out == "[3.0, 3.0] [] __main__\n"
+    summary = _summary(err)
+    assert summary.startswith(
+        "kiln: hits: 1, misses: 0, traces: 0, compiles: 0, compile_seconds: 0.00, saved_seconds: "
+    )
+    assert float(summary.rsplit(" ", 1)[1]) > 0
+    assert kiln.get_config().cache_dir != cache
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ("sys.exit(3)", 3),
+        ("sys.exit()", 0),
+        ("sys.exit('bye')", 1),
+        ("raise ValueError('boom')", 1),
+    ],
+)
+def test_run_propagates_exit_status(
+    body: str, code: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "exits.py"
+    script.write_text(f"import sys\nprint('before')\n{body}\n")
+    got, out, err = _run(["--cache-dir", str(tmp_path / "c"), "run", str(script)], capsys)
+    assert got == code
+    assert out == "before\n"
+    assert _summary(err).startswith("kiln: hits: 0, misses: 0, traces: 0, compiles: 0")
+    if "ValueError" in body:
+        assert "ValueError: boom" in err
+        assert "runpy" not in err  # the traceback starts at the script
+    if "bye" in body:
+        assert err.startswith("bye\n")
+
+
+def test_run_explain_logs_misses_to_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "explain.py"
+    script.write_text(
+        "import jax.numpy as jnp, kiln\n"
+        "f = kiln.jit(lambda x: x - 1)\n"
+        "f(jnp.ones(2)); f(jnp.ones(3))\n"
+        "print(kiln.get_config().explain)\n"
+    )
+    code, out, err = _run(["--cache-dir", str(tmp_path / "c"), "run", "--explain", str(script)],
+                          capsys)
+    assert code == 0
+    assert out == "True\n"
+    assert "kiln: <lambda>: recompiling because argument args[0]: float32[2] -> float32[3]" in err
+    assert _summary(err).startswith("kiln: hits: 0, misses: 2")
+    assert kiln.get_config().explain is False
+
+
+def test_run_missing_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "nope.py")
+    assert _run(["run", missing], capsys) == (
+        2, "", f"error: cannot run {missing!r}: no such file\n"
+    )
+
+
+# -- demo ---------------------------------------------------------------------------------------
+FAKE_EXAMPLE = textwrap.dedent(
+    """
+    import json, os, sys
+
+    jit = sys.argv[sys.argv.index("--jit") + 1]
+    with open(os.environ["FAKE_LOG"], "a") as f:
+        f.write(json.dumps({"jit": jit, "env": {k: os.environ.get(k) for k in (
+            "KILN_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE",
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")}}) + "\\n")
+    a = float(os.environ.get("FAKE_A_" + jit, "0.55"))
+    print("noise")
+    print(json.dumps({"time_to_first_result_s": 1.5 if jit == "kiln" else 3.0,
+                      "params": {"a": a, "b": 0.028, "c": 0.84, "d": 0.026}, "loss": 0.01}))
+    """
+)
+
+DEMO_ROWS = [
+    "kiln, cold (empty store)",
+    "kiln, warm",
+    "jax.jit",
+    "jax.jit + JAX persistent cache, cold",
+    "jax.jit + JAX persistent cache, warm",
+]
+
+
+@pytest.fixture
+def fake_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    script = tmp_path / "fake_lv.py"
+    script.write_text(FAKE_EXAMPLE)
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("KILN_STORE", "memory")  # the demo must not inherit it
+    return script, log
+
+
+def test_demo_rows_and_environments(
+    fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, log = fake_example
+    code, out, err = _run(["demo", "--script", str(script), "--runs", "2", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["identical_params"] is True
+    assert [r["mode"] for r in data["rows"]] == DEMO_ROWS
+    assert [r["runs"] for r in data["rows"]] == [1, 2, 1, 1, 2]
+    for r in data["rows"]:
+        assert r["params"] == {"a": 0.55, "b": 0.028, "c": 0.84, "d": 0.026}
+        assert r["loss"] == 0.01
+        assert r["process_wall_s"] > 0
+        expected = 2.0 if r["jit"] == "kiln" else 1.0
+        assert r["speedup_vs_jax_jit"] == pytest.approx(expected)
+    assert "running kiln, cold (empty store) ..." in err
+    assert "running kiln, warm (run 2/2) ..." in err
+
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["jit"] for r in runs] == ["kiln"] * 3 + ["jax"] * 4
+    kiln_dirs = {r["env"]["KILN_CACHE_DIR"] for r in runs[:3]}
+    assert len(kiln_dirs) == 1
+    plain, cache_runs = runs[3]["env"], [r["env"] for r in runs[4:]]
+    assert plain["KILN_CACHE_DIR"] is None and plain["JAX_COMPILATION_CACHE_DIR"] is None
+    assert plain["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+    assert len({e["JAX_COMPILATION_CACHE_DIR"] for e in cache_runs}) == 1
+    for e in cache_runs:
+        assert e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+        assert e["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "-1"
+        assert e["JAX_ENABLE_COMPILATION_CACHE"] == "true"
+    # Temporary stores are gone.
+    assert not Path(kiln_dirs.pop()).exists()
+    assert not Path(cache_runs[0]["JAX_COMPILATION_CACHE_DIR"]).exists()
+
+
+def test_demo_table(fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    script, _ = fake_example
+    code, out, _ = _run(["demo", "--script", str(script)], capsys)
+    assert code == 0
+    for label in DEMO_ROWS:
+        assert label in out
+    assert "2.0x" in out
+    assert out.splitlines()[-1] == (
+        "fitted parameters identical in every row: 0.55 / 0.028 / 0.84 / 0.026"
+    )
+
+
+def test_demo_mismatching_params_fail(
+    fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script, _ = fake_example
+    monkeypatch.setenv("FAKE_A_jax", "0.56")
+    code, out, err = _run(["demo", "--script", str(script)], capsys)
+    assert code == 1
+    assert out.splitlines()[-1] == (
+        "fitted parameters DIFFER from the first row in: jax.jit, "
+        "jax.jit + JAX persistent cache, cold, jax.jit + JAX persistent cache, warm"
+    )
+    assert err.splitlines()[-1] == (
+        "error: fitted parameters differ between rows: jax.jit, "
+        "jax.jit + JAX persistent cache, cold, jax.jit + JAX persistent cache, warm"
+    )
+
+
+def test_demo_script_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('kaput', file=sys.stderr)\nsys.exit(3)\n")
+    code, out, err = _run(["demo", "--script", str(script)], capsys)
+    assert (code, out) == (1, "")
+    assert f"error: {script} --jit kiln exited with status 3:\nkaput\n" in err
+
+
+def test_demo_missing_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.py"
+    code, out, err = _run(["demo", "--script", str(missing)], capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: demo script not found: {missing}; ")
+
+
+def test_demo_default_script_is_the_example() -> None:
+    path = _cli._default_demo_script()
+    assert path.name == "lotka_volterra.py" and path.is_file()
+
+
+# -- a real process -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_python_dash_m_kiln_ls(filled: Path) -> None:
+    env = {**os.environ, "KILN_CACHE_DIR": str(filled)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kiln", "ls", "--json"],
+        env=env, capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [r["function"] for r in rows] == [DOUBLE, DOUBLE, INC]
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kiln", "clear"],
+        env=env, capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: clear deletes every entry in {filled}; pass --yes to confirm\n"
