@@ -1,0 +1,215 @@
+"""Entry format, stores (LRU, atomicity, many processes), config, public surface."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import stat
+
+import pytest
+
+import kiln
+from kiln._config import parse_size
+from kiln._entry import decode, encode, peek_header
+from kiln.stores import LocalStore, MemoryStore, NullStore, Store, open_store
+
+
+def _key(i: int) -> str:
+    return f"{i:064x}"
+
+
+# --------------------------------------------------------------------------- entries
+def test_entry_round_trip_and_header_peek():
+    blob = encode({"function": "m.f", "n": 1}, {"exec": b"\x00\x01", "meta": b"abc"},
+                  signing_key=None)
+    entry = decode(blob, signing_key=None)
+    assert entry.header["function"] == "m.f"
+    assert entry.sections == {"exec": b"\x00\x01", "meta": b"abc"}
+    assert peek_header(blob)["n"] == 1
+
+
+@pytest.mark.parametrize("cut", [0, 5, 31, 40, -1])
+def test_truncated_entry_is_refused(cut):
+    blob = encode({"a": 1}, {"exec": b"x" * 100}, signing_key=None)
+    with pytest.raises(kiln.EntryError):
+        decode(blob[:cut], signing_key=None)
+
+
+def test_every_single_byte_flip_is_detected():
+    blob = encode({"a": 1}, {"exec": b"payload" * 3}, signing_key="k")
+    for i in range(len(blob)):
+        bad = bytearray(blob)
+        bad[i] ^= 0x40
+        with pytest.raises(kiln.EntryError):
+            decode(bytes(bad), signing_key="k")
+
+
+def test_signature_under_other_key_is_refused():
+    blob = encode({"a": 1}, {"exec": b"x"}, signing_key="alice")
+    with pytest.raises(kiln.EntryError, match="digest mismatch"):
+        decode(blob, signing_key="mallory")
+    with pytest.raises(kiln.EntryError, match="no signing_key"):
+        decode(blob, signing_key=None)
+
+
+# --------------------------------------------------------------------------- stores
+@pytest.mark.parametrize("make", [lambda p: LocalStore(p), lambda p: MemoryStore()])
+def test_store_protocol(tmp_path, make):
+    store = make(tmp_path / "s")
+    assert isinstance(store, Store)
+    blob = encode({"function": "m.f"}, {"exec": b"1"}, signing_key=None)
+    assert store.get(_key(1)) is None and store.delete(_key(1)) is False
+    store.put(_key(1), blob)
+    assert store.get(_key(1)) == blob
+    assert list(store.iter()) == [_key(1)]
+    assert store.stat(_key(1)).size == len(blob)
+    assert store.header(_key(1))["function"] == "m.f"
+    assert store.delete(_key(1)) is True and list(store.iter()) == []
+
+
+def test_null_store_stores_nothing():
+    s = NullStore()
+    s.put(_key(1), b"x")
+    assert s.get(_key(1)) is None and list(s.iter()) == []
+
+
+def test_local_store_is_private(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    store.put(_key(1), b"x" * 10)
+    assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o700
+    (path,) = (tmp_path / "s" / "entries").glob("*/*.kiln")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_lru_eviction_keeps_recently_used(tmp_path):
+    store = LocalStore(tmp_path / "s", max_size=350)
+    for i in range(3):
+        store.put(_key(i), b"x" * 100)
+    store.get(_key(0))  # 0 is now more recent than 1
+    store.put(_key(3), b"x" * 100)  # 400 > 350: evict the least recently used (1)
+    assert sorted(store.iter()) == [_key(0), _key(2), _key(3)]
+    assert store.total_size() == 300
+
+
+def test_prune_dry_run_and_real(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    for i in range(4):
+        store.put(_key(i), b"x" * 100)
+    assert len(store.prune(150, dry_run=True)) == 3
+    assert len(list(store.iter())) == 4
+    assert store.prune(150) == [_key(0), _key(1), _key(2)]
+    assert list(store.iter()) == [_key(3)]
+
+
+def test_index_rebuilt_when_lost_or_corrupt(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    store.put(_key(1), b"x" * 10)
+    (tmp_path / "s" / "index.sqlite").write_bytes(b"not a database at all" * 100)
+    fresh = LocalStore(tmp_path / "s")
+    assert fresh.total_size() == 10
+    assert fresh.get(_key(1)) == b"x" * 10
+
+
+def test_bad_key_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="hex"):
+        LocalStore(tmp_path).get("../../etc/passwd")
+
+
+def _writer(root: str, worker: int, rounds: int) -> None:
+    store = LocalStore(root)
+    for r in range(rounds):
+        payload = bytes([worker]) * (50_000 + r)
+        store.put(_key(r % 3), encode({"w": worker}, {"exec": payload}, signing_key=None))
+
+
+def _reader(root: str, rounds: int, out) -> None:
+    store = LocalStore(root)
+    bad = 0
+    for r in range(rounds):
+        blob = store.get(_key(r % 3))
+        if blob is not None:
+            try:
+                decode(blob, signing_key=None)
+            except kiln.EntryError:
+                bad += 1
+    out.put(bad)
+
+
+@pytest.mark.slow
+def test_many_processes_never_see_half_written_entries(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    root = str(tmp_path / "s")
+    LocalStore(root).put(_key(0), encode({}, {"exec": b"seed"}, signing_key=None))
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(root, w, 60)) for w in range(3)]
+    procs += [ctx.Process(target=_reader, args=(root, 300, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert [out.get(timeout=10) for _ in range(2)] == [0, 0]
+    assert not list((tmp_path / "s" / "entries").glob("*/*.tmp"))
+
+
+def test_open_store_from_config(tmp_path):
+    kiln.configure(store="memory")
+    assert isinstance(open_store(kiln.get_config()), MemoryStore)
+    kiln.configure(store="null")
+    assert isinstance(open_store(kiln.get_config()), NullStore)
+    kiln.configure(store=str(tmp_path / "d"))
+    s = open_store(kiln.get_config())
+    assert isinstance(s, LocalStore) and s.root == tmp_path / "d"
+
+
+# --------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    "text, value",
+    [("4GiB", 4 * 1024**3), ("500MB", 500_000_000), ("10k", 10_000), ("123", 123),
+     ("1.5 MiB", 1572864)],
+)
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+def test_bad_env_var_names_variable(monkeypatch):
+    monkeypatch.setenv("KILN_MAX_SIZE", "lots")
+    with pytest.raises(kiln.ConfigError, match="KILN_MAX_SIZE"):
+        kiln.get_config()
+    monkeypatch.setenv("KILN_MAX_SIZE", "1GiB")
+    monkeypatch.setenv("KILN_EXPLAIN", "maybe")
+    with pytest.raises(kiln.ConfigError, match="KILN_EXPLAIN must be 0 or 1"):
+        kiln.get_config()
+
+
+def test_unknown_setting():
+    with pytest.raises(kiln.ConfigError, match="unknown kiln setting 'cache_size'"):
+        kiln.configure(cache_size=1)
+
+
+def test_precedence_context_over_configure_over_env(monkeypatch, tmp_path):
+    kiln.configure(max_size=None)
+    monkeypatch.setenv("KILN_MAX_SIZE", "1000")
+    assert kiln.get_config().max_size == 1000
+    kiln.configure(max_size=2000)
+    assert kiln.get_config().max_size == 2000
+    with kiln.config_context(max_size=3000) as cfg:
+        assert cfg.max_size == 3000 and kiln.get_config().max_size == 3000
+    assert kiln.get_config().max_size == 2000
+    kiln.configure(max_size=None)
+    assert kiln.get_config().max_size == 1000
+
+
+def test_default_cache_dir_is_user_cache(monkeypatch):
+    kiln.configure(cache_dir=None)
+    assert "kiln" in str(kiln.get_config().cache_dir)
+    monkeypatch.setenv("KILN_CACHE_DIR", "/tmp/somewhere")
+    assert str(kiln.get_config().cache_dir) == "/tmp/somewhere"
+
+
+# --------------------------------------------------------------------------- public surface
+def test_public_surface_is_pinned():
+    public = sorted(n for n in dir(kiln) if not n.startswith("_"))
+    public = [n for n in public if n not in {"stores"}]
+    assert sorted(kiln.__all__) == kiln.__all__
+    assert public == kiln.__all__
