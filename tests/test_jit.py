@@ -30,6 +30,11 @@ class TraceLog(list):
     __hash__ = object.__hash__
 
 
+def audit_traces() -> int:
+    """Extra traces per warm hit: KILN_VERIFY traces and lowers every hit to audit it."""
+    return 1 if kiln.get_config().verify else 0
+
+
 def make_counted(fun, **jit_kwargs):
     """kiln.jit(fun) plus a list that grows by one on every trace."""
     traces = TraceLog()
@@ -150,7 +155,7 @@ def test_hot_path_and_persistent_hit_counts(kiln_store):
     f.clear_cache()
     np.testing.assert_array_equal(f(x), 2 * x)
     s = kiln.stats()
-    assert (len(traces), s.hits, s.compiles) == (1, 1, 1)
+    assert (len(traces), s.hits, s.compiles) == (1 + audit_traces(), 1, 1)
     assert s.saved_seconds > 0
 
 
@@ -179,7 +184,7 @@ def test_precompile_with_shape_dtype_struct():
     assert len(traces) == 1
     f.clear_cache()
     f.precompile(jax.ShapeDtypeStruct((3,), jnp.float32), n=2)  # from the store
-    assert len(traces) == 1 and kiln.stats().hits == 1
+    assert len(traces) == 1 + audit_traces() and kiln.stats().hits == 1
 
 
 # --------------------------------------------------------------------------- static arrays
@@ -282,7 +287,7 @@ def test_bad_entry_warns_once_recompiles_and_is_replaced(kiln_store, damage):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         np.testing.assert_array_equal(f(x), x + 1)
-    assert len(traces) == 2 and kiln.stats().hits == 1
+    assert len(traces) == 2 + audit_traces() and kiln.stats().hits == 1
 
 
 def test_strict_mode_raises_on_bad_entry(kiln_store):
@@ -309,7 +314,7 @@ def test_signing_key_refuses_unsigned_and_foreign_entries(kiln_store):
         f(jnp.ones(2))
     f.clear_cache()
     f(jnp.ones(2))  # signed with secret-2 now: a clean hit
-    assert len(traces) == 3 and kiln.stats().hits == 1
+    assert len(traces) == 3 + audit_traces() and kiln.stats().hits == 1
 
 
 def test_unwritable_store_warns_and_still_runs(tmp_path):
@@ -333,7 +338,7 @@ def test_null_and_memory_stores():
     g(jnp.ones(1))
     g.clear_cache()
     assert g(jnp.ones(1)).tolist() == [1.5]
-    assert len(traces) == 1 and kiln.stats().hits == 1
+    assert len(traces) == 1 + audit_traces() and kiln.stats().hits == 1
 
 
 # --------------------------------------------------------------------------- explanations
