@@ -601,9 +601,9 @@ def _print_demo_table(rows: list[dict[str, Any]], runs: int) -> None:
 
 
 # -- parser --------------------------------------------------------------------------------------
-def _common(suppress: bool) -> argparse.ArgumentParser:
+def _common(suppress: bool) -> _Parser:
     """``--cache-dir`` / ``--store``, accepted before and after the verb."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = _Parser(add_help=False)
     default = argparse.SUPPRESS if suppress else None
     p.add_argument("--cache-dir", metavar="DIR", default=default,
                    help="directory of the local store (default: KILN_CACHE_DIR or the user cache)")
