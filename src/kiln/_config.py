@@ -13,6 +13,7 @@ import contextvars
 import dataclasses
 import os
 import re
+import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,9 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _overrides: dict[str, Any] = {}
+_NO_CONTEXT: Mapping[str, Any] = types.MappingProxyType({})
 _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
-    "kiln_config", default={}
+    "kiln_config", default=_NO_CONTEXT
 )
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)

@@ -4,9 +4,9 @@ Hierarchy::
 
     KilnError                      root of every kiln exception
     ├── StaticArgumentError        (also TypeError) a static argument cannot be hashed by value
-    ├── ConfigError                (also ValueError) a bad configuration value or environment variable
-    ├── StoreError                 a store failed and ``KILN_STRICT=1`` turned the warning into an error
-    │   └── EntryError             an entry is corrupt, truncated, foreign, unsigned or tampered
+    ├── ConfigError                (also ValueError) a bad setting or environment variable
+    ├── StoreError                 a store failed and ``KILN_STRICT=1`` made it an error
+    │   └── EntryError             an entry is corrupt, truncated, foreign or tampered
     └── VerifyError                ``KILN_VERIFY=1``: a stored entry does not match a fresh lowering
 
     KilnWarning                    root of every kiln warning (a subclass of UserWarning)
@@ -45,4 +45,4 @@ class KilnWarning(UserWarning):
 
 
 class StoreWarning(KilnWarning):
-    """A store entry was corrupt, truncated, foreign or unreadable; kiln recompiled and replaced it."""
+    """A store entry was corrupt, foreign or unreadable; kiln recompiled and replaced it."""

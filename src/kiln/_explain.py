@@ -125,8 +125,9 @@ def describe_signature_change(
     best = None
     best_score = -1
     for old in seen:
-        score = (old[0] == treedef) * 1000 + sum(a == b for a, b in zip(old[2], leaves))
-        score += sum(a == b for a, b in zip(old[3], statics))
+        score = (old[0] == treedef) * 1000
+        score += sum(a == b for a, b in zip(old[2], leaves, strict=False))
+        score += sum(a == b for a, b in zip(old[3], statics, strict=False))
         if score > best_score:
             best, best_score = old, score
     if best is None:
@@ -135,10 +136,10 @@ def describe_signature_change(
     if best[0] != treedef:
         changes.append(f"pytree structure changed: {best[0]} -> {treedef}")
     else:
-        for path, a, b in zip(paths, best[2], leaves):
+        for path, a, b in zip(paths, best[2], leaves, strict=False):
             if a != b:
                 changes.append(f"argument {path}: {_fmt_leaf(a)} -> {_fmt_leaf(b)}")
-    for (sname, a), (_, b) in zip(best[3], statics):
+    for (sname, a), (_, b) in zip(best[3], statics, strict=False):
         if a != b:
             changes.append(f"static argument {sname}: digest {str(a)[:12]} -> {str(b)[:12]}")
     if not changes:
@@ -146,7 +147,9 @@ def describe_signature_change(
     return f"{name}: recompiling because " + "; ".join(changes)
 
 
-def diff_parts(new: list[tuple[str, str]], old: list[list[str]] | list[tuple[str, str]]) -> list[str]:
+def diff_parts(
+    new: list[tuple[str, str]], old: list[list[str]] | list[tuple[str, str]]
+) -> list[str]:
     """Names (with old -> new values when short) of key parts that differ."""
     old_d = {n: v for n, v in old}
     new_d = {n: v for n, v in new}

@@ -176,7 +176,7 @@ class _Walker:
                 self.value(f"{name}.keywords[{k!r}]", a)
             return
         if isinstance(v, types.MethodType):
-            self.function(v.__func__)
+            self.value(f"{name}.__func__", v.__func__)
             self.value(f"{name}.__self__", v.__self__)
             return
         if isinstance(v, types.FunctionType):
@@ -232,7 +232,7 @@ class _Walker:
             children, treedef = jax.tree_util.tree_flatten(v, is_leaf=lambda n: n is not v)
         except Exception:  # noqa: BLE001 - exotic flatten failures: not a pytree for us
             return False
-        data = treedef.node_data()
+        data = treedef.node_data()  # type: ignore[attr-defined]
         if data is None:
             return False
         typ, aux = data
@@ -343,7 +343,7 @@ def record_calls() -> Iterator[dict[types.CodeType, dict[str, Any]]]:
             if code not in seen:
                 seen[code] = frame.f_globals
         if previous is not None:
-            previous(frame, event, arg)
+            previous(frame, event, arg)  # type: ignore[arg-type]
 
     sys.setprofile(profile)
     try:

@@ -58,6 +58,11 @@ def trace_context() -> list[tuple[str, str]]:
     return [(n, _ADDR.sub("", repr(v))) for n, v in zip(names, values, strict=True)]
 
 
+def jit_disabled() -> bool:
+    """``jax.disable_jit()`` is in force (``jax_disable_jit`` config)."""
+    return bool(_jax_config.disable_jit.value)
+
+
 def host_callbacks(lowered: jax.stages.Lowered) -> list[Any]:
     """The Python callables a lowering registered as host callbacks, in registration order.
 

@@ -256,7 +256,7 @@ class JitFunction:
     def _static_key(
         self, statics: Sequence[tuple[Any, Any]], names: Sequence[str] | None = None
     ) -> tuple[Any, ...]:
-        out = []
+        out: list[tuple[Any, Any]] = []
         for n, (where, value) in enumerate(statics):
             name = names[n] if names else (where if isinstance(where, str) else f"args[{where}]")
             try:
@@ -487,7 +487,7 @@ class JitFunction:
             if compiled is not None:
                 return compiled
             miss = _Miss(self, dyn_args, dyn_kwargs, statics, static_key, treedef, key[2])
-            if jax.config.jax_disable_jit:
+            if _jax_compat.jit_disabled():
                 self._table[key] = miss.inner
                 return miss.inner
             self._explain_memory_miss(key, dyn_args, dyn_kwargs, miss.cfg)
@@ -636,9 +636,12 @@ class _Miss:
             return self._compile_and_store(vkey, None, t_start)
         self._trace_lower()
         manifest, reason = manifest_for(self.calls, self.fp.codes)
+        assert fp_key is not None  # internal invariant: the fingerprint was sound
         if reason is not None:
             self._explain("verify-path", f"taking the verify path: {reason}")
-            self._put(fp_key, {"kind": "verify-only", "function": self.base_parts[-0][1]}, {})
+            marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
+                      "signature": self.signature, "reason": reason, "created": time.time()}
+            self._put(fp_key, marker, {})
             return self._compile_and_store(self._verify_key(), None, t_start)
         return self._compile_and_store(fp_key, manifest, t_start)
 
@@ -713,7 +716,7 @@ class _Miss:
                 if not header or header.get("function") != fname:
                     continue
                 diff = _explain.diff_parts(
-                    self.base_parts + [tuple(p) for p in self.fp.parts],
+                    self.base_parts + list(self.fp.parts),
                     header.get("key_parts", []) + header.get("fp_parts", []),
                 )
                 if best is None or len(diff) < len(best):
@@ -842,12 +845,14 @@ def jit(
         >>> power(jnp.arange(3.0), n=2).tolist()
         [0.0, 1.0, 4.0]
     """
-    kw = dict(
-        static_argnums=static_argnums,
-        static_argnames=static_argnames,
-        donate_argnums=donate_argnums,
-        donate_argnames=donate_argnames,
-    )
-    if fun is None:
-        return lambda f: JitFunction(f, **kw)
-    return JitFunction(fun, **kw)
+
+    def make(f: Callable[..., Any]) -> JitFunction:
+        return JitFunction(
+            f,
+            static_argnums=static_argnums,
+            static_argnames=static_argnames,
+            donate_argnums=donate_argnums,
+            donate_argnames=donate_argnames,
+        )
+
+    return make if fun is None else make(fun)

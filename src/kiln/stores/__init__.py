@@ -13,7 +13,7 @@ from ._memory import NullStore as NullStore
 
 __all__ = ["EntryStat", "LocalStore", "MemoryStore", "NullStore", "Store", "open_store"]
 
-_cache: dict[tuple[object, ...], Store] = {}
+_cache: dict[tuple[str, str, int], Store] = {}
 _lock = threading.Lock()
 
 
@@ -24,11 +24,11 @@ def open_store(config: Config) -> Store:
     ``"null"`` / ``"off"``; any other string is a local directory path (``file://`` allowed).
     """
     url = config.store
-    ident: tuple[object, ...]
-    if url in (None, "", "local"):
+    ident: tuple[str, str, int]
+    if url is None or url in ("", "local"):
         ident = ("local", str(config.cache_dir), config.max_size)
     elif url in ("memory", "null", "off"):
-        ident = (url,)
+        ident = ("memory" if url == "memory" else "null", "", 0)
     else:
         path = url[len("file://"):] if url.startswith("file://") else url
         ident = ("local", path, config.max_size)
