@@ -178,22 +178,32 @@ def test_ls_empty_store(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_ls_unreadable_and_verify_only(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = LocalStore(filled)
-    marker_key = "ab" * 32
+    marker_key, old_marker_key = "ab" * 32, "ef" * 32
     store.put(marker_key, encode({"kind": "verify-only", "function": "m.f"}, {}, signing_key=None))
+    # Markers written before they named their function held the format version there.
+    old_marker = encode({"kind": "verify-only", "function": "1"}, {}, signing_key=None)
+    store.put(old_marker_key, old_marker)
     garbage_key = "cd" * 32
     store.put(garbage_key, b"not an entry at all")
     rows = {r["key"]: r for r in _ls_json(capsys)}
-    assert len(rows) == 5
+    assert len(rows) == 6
     assert (rows[marker_key]["kind"], rows[marker_key]["function"],
-            rows[marker_key]["signature"]) == ("verify-only", "-", "-")
+            rows[marker_key]["signature"]) == ("verify-only", "m.f", "-")
+    assert (rows[old_marker_key]["kind"], rows[old_marker_key]["function"],
+            rows[old_marker_key]["signature"]) == ("verify-only", "-", "-")
     assert (rows[garbage_key]["kind"], rows[garbage_key]["function"],
             rows[garbage_key]["size"]) == ("unreadable", "<unreadable>", 19)
     code, out, _ = _run(["ls"], capsys)
     assert code == 0
     fields = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()]
-    assert ["-", "-", _cli._human_size(rows[marker_key]["size"])] == fields[1][:3]
+    assert ["-", "-", _cli._human_size(rows[old_marker_key]["size"])] == fields[1][:3]
     assert ["<unreadable>", "-", "19 B"] == fields[2][:3]
     assert fields[2][-1] == "cdcdcdcdcdcd"
+    assert ["m.f", "-", _cli._human_size(rows[marker_key]["size"])] == fields[3][:3]
+    code, out, _ = _run(["stats", "--json"], capsys)
+    data = json.loads(out)
+    assert (data["entries"], data["verify_only_markers"], data["unreadable"]) == (6, 2, 1)
+    assert data["functions"] == {DOUBLE: 2, INC: 1}
 
 
 # -- stats --------------------------------------------------------------------------------------

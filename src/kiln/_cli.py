@@ -180,7 +180,9 @@ def _rows(store: Any) -> list[_Row]:
         seconds = float(seconds) if isinstance(seconds, int | float) else None
         if kind == "verify-only":
             # A marker: "this fingerprint needs the verify path"; no executable behind it.
-            rows.append(_Row(key, kind, "-", "-", size, created, last_used, None))
+            function = header.get("function")
+            function = function if isinstance(function, str) and "." in function else "-"
+            rows.append(_Row(key, kind, function, "-", size, created, last_used, None))
             continue
         rows.append(_Row(
             key, kind, str(header.get("function", "?")), str(header.get("signature", "?")),
