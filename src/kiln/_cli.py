@@ -276,8 +276,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             try:
                 entry = decode(blob, signing_key=cfg.signing_key)
                 function = str(entry.header.get("function", "?"))
-                if entry.header.get("kind") == "verify-only":
-                    function = "-"
+                if entry.header.get("kind") == "verify-only" and "." not in function:
+                    function = "-"  # an old marker: its "function" held the format version
             except KilnError as e:
                 reason = str(e)
         deleted = False
