@@ -103,12 +103,11 @@ def explain(kind: str, message: str, *, explain_on: bool) -> None:
 
 
 def _fmt_leaf(sig: Any) -> str:
-    if isinstance(sig, tuple) and len(sig) >= 2:
-        shape, dtype = sig[0], sig[1]
-        weak = " weak" if len(sig) > 2 and sig[2] else ""
-        return f"{dtype}{list(shape)}{weak}"
     if isinstance(sig, type):
         return f"python {sig.__name__}"
+    if hasattr(sig, "shape") and hasattr(sig, "dtype"):
+        weak = " (weak type)" if getattr(sig, "weak_type", False) else ""
+        return f"{sig.dtype}{list(sig.shape)}{weak}"
     return str(sig)
 
 

@@ -6,10 +6,11 @@ A fingerprint has two layers (as ccache's direct mode does for headers):
    including nested code, names; not line numbers), its defaults, closure values, and every
    module-level value its code names, recursing into user functions, user modules' attributes
    and user classes' methods. Values are hashed by value (:mod:`kiln._hashing`).
-2. **Manifest** (stored in the entry, re-checked on a warm lookup): while tracing cold, every
-   user-code function that actually ran is recorded (``sys.setprofile``). Functions the static
-   walk could not see (methods reached through objects, callbacks held in data structures) are
-   stored as ``(module, qualname, digest)`` and must hash the same before an entry is used.
+2. **Manifest** (stored in the entry, re-checked on a warm lookup): after tracing cold, every
+   user-code function that emitted part of the program is read off the equations' source
+   tracebacks. Functions the static walk could not see (methods reached through objects,
+   callbacks held in data structures) are stored as ``(module, qualname, digest)`` and must
+   hash the same before an entry is used.
 
 "User code" is any Python file outside the interpreter's stdlib and site-packages. Installed
 libraries count by distribution name + version (``importlib.metadata``), never by code.
@@ -29,8 +30,7 @@ import os
 import sys
 import sysconfig
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ import xxhash
 
 from ._hashing import Unpersistable, static_digest
 
-__all__ = ["Fingerprint", "fingerprint", "record_calls", "manifest_for", "check_manifest"]
+__all__ = ["Fingerprint", "fingerprint", "manifest_for", "check_manifest"]
 
 _LIB_ROOTS = tuple(
     os.path.realpath(p) + os.sep
@@ -74,6 +74,16 @@ def library_version(module_name: str) -> str:
     top = module_name.partition(".")[0]
     if top in sys.stdlib_module_names or top == "builtins":
         return f"python=={sys.version.split()[0]}"
+    # Most distributions are named like their top-level package (jax, numpy, equinox): ask
+    # for that first; scanning every installed distribution costs ~0.4 s.
+    candidates = [top, top.replace("_", "-")]
+    for name in candidates:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if top in (dist.read_text("top_level.txt") or top).split() or _provides(dist, top):
+            return f"{dist.metadata['Name']}=={dist.version}"
     dists = _packages_distributions().get(top)
     if not dists:
         return f"{top}==unknown"
@@ -82,6 +92,11 @@ def library_version(module_name: str) -> str:
         return f"{name}=={importlib.metadata.version(name)}"
     except importlib.metadata.PackageNotFoundError:
         return f"{name}==unknown"
+
+
+def _provides(dist: importlib.metadata.Distribution, top: str) -> bool:
+    files = dist.files or []
+    return any(f.parts and f.parts[0] in (top, f"{top}.py") for f in files[:2000])
 
 
 def _module_is_user(mod: types.ModuleType) -> bool:
@@ -158,7 +173,10 @@ class _Walker:
             self.reason = what
 
     def value(self, name: str, v: Any) -> None:
-        if id(v) in self.seen or len(self.parts) > _MAX_ITEMS:
+        if id(v) in self.seen:
+            return
+        if len(self.parts) > _MAX_ITEMS:
+            self.unsound(f"more than {_MAX_ITEMS} fingerprint parts (at {name})")
             return
         self.seen.add(id(v))
         self.keep.append(v)
@@ -206,6 +224,12 @@ class _Walker:
             return
         if self.pytree(name, v):
             return
+        rules = [r for r in ("fun", "jvp", "fwd", "bwd") if callable(getattr(v, r, None))]
+        if rules and type(v).__name__ in ("custom_jvp", "custom_vjp"):
+            self.add(f"custom:{name}", type(v).__name__)
+            for r in rules:
+                self.value(f"{name}.{r}", getattr(v, r))
+            return
         wrapped = getattr(v, "__wrapped__", None)
         if wrapped is not None and callable(v) and not isinstance(v, type):
             # jax.jit / kiln.jit / functools.wraps objects: the wrapped function is what runs.
@@ -249,6 +273,10 @@ class _Walker:
             self.add(f"lib:{mod}", library_version(mod))
             return
         self.add(f"class:{mod}.{cls.__qualname__}", cls.__qualname__)
+        for base in cls.__mro__[1:]:
+            if base is not object and id(base) not in self.seen:
+                self.seen.add(id(base))
+                self.klass(base)
         for attr, member in sorted(vars(cls).items()):
             if attr.startswith("__") and attr not in ("__call__", "__init__", "__post_init__"):
                 continue
@@ -286,15 +314,21 @@ class _Walker:
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
         names = _code_names(code)
         modname = g.get("__name__", "?")
+        modules = []
         for name in sorted(names):
-            if name not in g:
-                continue
-            v = g[name]
-            self.value(f"{modname}.{name}", v)
-            if isinstance(v, types.ModuleType) and _module_is_user(v):
-                for attr in sorted(names):
-                    if attr in vars(v):
-                        self.value(f"{v.__name__}.{attr}", vars(v)[attr])
+            if name in g:
+                v = g[name]
+                self.value(f"{modname}.{name}", v)
+                if isinstance(v, types.ModuleType) and _module_is_user(v):
+                    modules.append(v)
+            elif name in sys.modules and _module_is_user(sys.modules[name]):
+                # ``import helper`` / ``from helper import h`` inside the function body
+                modules.append(sys.modules[name])
+                self.add(f"module:{name}", name)
+        for mod in modules:
+            for attr in sorted(names):
+                if attr in vars(mod):
+                    self.value(f"{mod.__name__}.{attr}", vars(mod)[attr])
 
 
 def _has_file(obj: Any) -> bool:
@@ -331,25 +365,16 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
 # ----------------------------------------------------------------------------------------
 # Manifest: what ran while tracing.
 # ----------------------------------------------------------------------------------------
-@contextmanager
-def record_calls() -> Iterator[dict[types.CodeType, dict[str, Any]]]:
-    """Record the code objects of user functions called in this thread (with their globals)."""
-    seen: dict[types.CodeType, dict[str, Any]] = {}
-    previous = sys.getprofile()
-
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if event == "call":
-            code = frame.f_code
-            if code not in seen:
-                seen[code] = frame.f_globals
-        if previous is not None:
-            previous(frame, event, arg)  # type: ignore[arg-type]
-
-    sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous)
+def _module_names_by_file() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if f and name not in ("__mp_main__",):
+            out.setdefault(os.path.realpath(f), name)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file:
+        out[os.path.realpath(main_file)] = "__main__"
+    return out
 
 
 def _resolve(module: str, qualname: str) -> types.FunctionType | None:
@@ -397,27 +422,31 @@ def _shallow_digest(fn: types.FunctionType) -> str:
 
 
 def manifest_for(
-    calls: dict[types.CodeType, dict[str, Any]], covered: set[types.CodeType]
+    codes: set[types.CodeType], covered: set[types.CodeType]
 ) -> tuple[list[list[str]], str | None]:
-    """Manifest items ``[module, qualname, digest]`` for recorded user calls not ``covered``.
+    """Manifest items ``[module, qualname, digest]`` for user code that ran while tracing.
 
-    Returns (items, reason): ``reason`` is not None when some call cannot be found again by
-    module + qualname (the fingerprint is then unsound).
+    ``codes``: code objects of the frames that emitted the program's equations
+    (:func:`kiln._jax_compat.codes_in_jaxpr`). Those the static walk ``covered`` are skipped.
+
+    Returns (items, reason): ``reason`` is not None when some of that code cannot be found
+    again by module + qualname (the fingerprint is then unsound).
     """
     items: dict[tuple[str, str], str] = {}
-    for code, g in calls.items():
-        if code in covered or not is_user_file(code.co_filename):
+    by_file: dict[str, str] | None = None
+    for code in sorted(codes, key=lambda c: (c.co_filename, c.co_qualname)):
+        if code in covered or not is_user_file(code.co_filename) or code.co_name == "<module>":
             continue
-        module = g.get("__name__")
-        if not isinstance(module, str):
-            return [], f"{code.co_qualname} runs in a namespace without __name__"
-        if code.co_name == "<module>":
-            continue
+        if by_file is None:
+            by_file = _module_names_by_file()
+        module = by_file.get(os.path.realpath(code.co_filename))
+        if module is None:
+            return [], f"{code.co_qualname} ({code.co_filename}) is not in an imported module"
         fn = _resolve(module, code.co_qualname)
         if fn is None or not _contains(fn.__code__, code):
             return [], f"{module}.{code.co_qualname} ran while tracing but cannot be found again"
         key = (module, fn.__qualname__)
-        if key in items:
+        if key in items or fn.__code__ in covered:
             continue
         try:
             items[key] = _shallow_digest(fn)

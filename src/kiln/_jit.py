@@ -42,7 +42,7 @@ from . import _explain, _jax_compat
 from ._config import Config, get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StaticArgumentError, StoreError, StoreWarning, VerifyError
-from ._fingerprint import check_manifest, fingerprint, manifest_for, record_calls
+from ._fingerprint import check_manifest, fingerprint, manifest_for
 from ._hashing import Unpersistable, static_digest
 from ._key import environment_parts, make_key
 from ._progress import compiling
@@ -68,22 +68,19 @@ _STATIC_LEAF = "<static leaf>"
 
 
 def _leaf_sig(x: Any) -> Any:
+    """In-process signature of one leaf: its aval (shape, dtype, weak_type, sharding), the
+    Python type for Python scalars, None for a tracer, _STATIC_LEAF for a non-JAX value."""
     t = type(x)
     if t is _ArrayImpl:
-        return (x.shape, x.dtype, x.weak_type)
+        return x.aval
     if t in _SCALARS:
         return t
-    if t is np.ndarray:
-        return (x.shape, x.dtype, False)
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return (x.shape, x.dtype, bool(getattr(x, "weak_type", False)))
     if _jax_compat.is_tracer(x):
         return None
     try:
-        aval = jax.typeof(x)
+        return jax.typeof(x)
     except TypeError:
         return _STATIC_LEAF  # not a JAX type (a function, a string, ...): static by value
-    return (aval.shape, aval.dtype, aval.weak_type)
 
 
 def _is_jax_value(x: Any) -> bool:
@@ -111,10 +108,11 @@ def _with_static_outputs(compiled: Any, out_tree: Any, static_out: dict[int, Any
 
 
 def _aval_text(sig: Any) -> str:
+    """``float32[3]``, ``float32[]~weak``, ``python-float``: canonical, used in keys."""
     if isinstance(sig, type):
         return f"python-{sig.__name__}"
-    shape, dtype, weak = sig
-    return f"{np.dtype(dtype).name}{list(shape)}{'~weak' if weak else ''}"
+    weak = "~weak" if sig.weak_type else ""
+    return f"{np.dtype(sig.dtype).name}{list(sig.shape)}{weak}"
 
 
 def _treedef_parts(treedef: Any) -> tuple[str, list[tuple[str, Any]]]:
@@ -214,6 +212,7 @@ class JitFunction:
         self._seen: list[Any] = []
         self._inline: dict[Any, Callable[..., Any]] = {}
         self._hot_calls = 0
+        self._has_statics = bool(self._static_argnums or self._static_argnames)
         _instances.add(self)
         self._lock = threading.RLock()
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
@@ -394,6 +393,14 @@ class JitFunction:
         return key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._has_statics:
+            # hot path: flatten, look up, run (no static arguments to split off)
+            leaves, treedef = _tree_flatten((args, kwargs))
+            key = (_trace_context_token(), treedef, tuple(map(_leaf_sig, leaves)), ())
+            call = self._table.get(key)
+            if call is not None:
+                self._hot_calls += 1
+                return call(*leaves)
         key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef = self._prepare(
             args, kwargs
         )
@@ -564,7 +571,7 @@ class _Miss:
         self.store: Store = open_store(cfg)
         self.lowered: jax.stages.Lowered | None = None
         self.lowered_digest: str | None = None
-        self.calls: dict[Any, Any] = {}
+        self.calls: set[Any] = set()
         self.trace_seconds = 0.0
         structure, aux = _treedef_parts(treedef)
         self.signature = ", ".join(_aval_text(s) for s in sigs)
@@ -603,9 +610,8 @@ class _Miss:
     def _trace_lower(self) -> jax.stages.Lowered:
         if self.lowered is None:
             t0 = time.perf_counter()
-            with record_calls() as calls:
-                traced = self.jitted.trace(*self.leaves)
-            self.calls = calls
+            traced = self.jitted.trace(*self.leaves)
+            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr)
             _explain.bump(traces=1)
             self.lowered = traced.lower()
             text = _jax_compat.lowered_text(self.lowered)
