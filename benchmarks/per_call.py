@@ -1,0 +1,253 @@
+"""Benchmark: per-call time of small functions after warm-up, ``kiln.jit`` vs ``jax.jit``.
+
+Run from the repository root (about a minute; ``--quick`` for a noisy smoke test):
+
+    python benchmarks/per_call.py [--quick] [--json PATH]
+
+All in one process, with ``kiln.configure(store="memory")`` (nothing is written to disk).
+Cases:
+
+- ``x * y + 1`` on two float32[8] arrays;
+- the same on a pytree input ``{"a": x, "b": (y, z)}`` (one argument, three leaves);
+- a static argument ``table`` (``static_argnames="table"``): a 64 MiB float32 NumPy array
+  (re-hashed on every call, since NumPy arrays are mutable), a 64 MiB jax Array (digest memoised
+  per object), and a Python int.
+
+Anchors: ``jax.jit`` of the same function, and the AOT object
+``jax.jit(f).lower(...).compile()`` (no argument checking beyond the compiled signature). For
+the static case, ``jax.jit`` with a static Python int (``jax.jit`` refuses arrays as static).
+
+Each figure is the median over REPS timed runs of the mean time per call in microseconds; one
+run is a loop of ``CALLS`` calls (20000; 30 for the re-hashed NumPy table) followed by one
+``block_until_ready`` on the last result. Runs of kiln and its anchors are interleaved (the
+order rotates each repetition) to share drift. Target: kiln / jax.jit <= 1.3 for the small
+functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kiln
+
+TARGET_KILN_VS_JAX = 1.3
+NBYTES = 64 * 2**20  # 64 MiB
+
+
+def f(x, y):
+    return x * y + 1
+
+
+def g(tree):
+    return tree["a"] * tree["b"][0] + tree["b"][1]
+
+
+def h(x, table):
+    # uses the static value only through Python-level facts, so the executable stays small
+    return x * 2 + (table if isinstance(table, int) else table.shape[0])
+
+
+def time_loop(fn: Callable[[], Any], calls: int) -> float:
+    """Mean seconds per call over one loop of ``calls`` calls (blocking on the last result)."""
+    out = None
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / calls
+
+
+def bench_group(
+    impls: dict[str, Callable[[], Any]], calls: int, reps: int
+) -> dict[str, dict[str, Any]]:
+    """Interleaved timing of several implementations of the same call; per-call medians."""
+    names = list(impls)
+    for fn in impls.values():  # warm-up: compile / load, then a few hot calls
+        jax.block_until_ready(fn())
+        time_loop(fn, min(calls, 200))
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(reps):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            samples[n].append(time_loop(impls[n], calls))
+    return {
+        n: {
+            "us_per_call": statistics.median(s) * 1e6,
+            "min_us": min(s) * 1e6,
+            "max_us": max(s) * 1e6,
+            "samples_us": [x * 1e6 for x in s],
+            "calls_per_run": calls,
+            "reps": reps,
+        }
+        for n, s in samples.items()
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="3 reps of 2000 calls (smoke test; noisy)"
+    )
+    parser.add_argument("--reps", type=int, default=None, help="timed runs per case (default 7)")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="calls per timed run for the cheap cases (default 20000)",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args(argv)
+    reps = args.reps if args.reps is not None else (3 if args.quick else 7)
+    calls = args.calls if args.calls is not None else (2000 if args.quick else 20000)
+    numpy_calls = 5 if args.quick else 30
+
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    print(f"$ {command}")
+    device = jax.devices()[0]
+    print(
+        f"python {platform.python_version()}, jax {jax.__version__}, kiln {kiln.__version__}, "
+        f"numpy {np.__version__}; backend {jax.default_backend()} ({device.device_kind}); "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        f"median of {reps} interleaved runs; {calls} calls per run "
+        f"({numpy_calls} for the re-hashed 64 MiB NumPy table)"
+        + ("  [QUICK: too few reps/calls, figures are noisy]" if args.quick else "")
+    )
+    print(flush=True)
+
+    kiln.configure(store="memory")
+    kiln.reset_stats()
+
+    x = jnp.arange(8, dtype=jnp.float32)
+    y = jnp.full((8,), 2.0, dtype=jnp.float32)
+    z = jnp.ones((8,), dtype=jnp.float32)
+    tree = {"a": x, "b": (y, z)}
+
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+
+    kf, jf = kiln.jit(f), jax.jit(f)
+    af = jax.jit(f).lower(x, y).compile()
+    results["x * y + 1, float32[8] x2"] = bench_group(
+        {
+            "kiln.jit": lambda: kf(x, y),
+            "jax.jit": lambda: jf(x, y),
+            "jax AOT compiled": lambda: af(x, y),
+        },
+        calls,
+        reps,
+    )
+
+    kg, jg = kiln.jit(g), jax.jit(g)
+    ag = jax.jit(g).lower(tree).compile()
+    results['pytree {"a": x, "b": (y, z)}'] = bench_group(
+        {
+            "kiln.jit": lambda: kg(tree),
+            "jax.jit": lambda: jg(tree),
+            "jax AOT compiled": lambda: ag(tree),
+        },
+        calls,
+        reps,
+    )
+
+    host_table = np.random.default_rng(0).standard_normal(NBYTES // 4, dtype=np.float32)
+    dev_table = jax.block_until_ready(jnp.asarray(host_table))
+    kh = kiln.jit(h, static_argnames="table")
+    jh = jax.jit(h, static_argnames="table")
+    static = bench_group(
+        {
+            "kiln.jit static int": lambda: kh(x, table=12345),
+            "jax.jit static int": lambda: jh(x, table=12345),
+            "kiln.jit static jax Array 64 MiB": lambda: kh(x, table=dev_table),
+        },
+        calls,
+        reps,
+    )
+    static.update(
+        bench_group(
+            {"kiln.jit static numpy 64 MiB": lambda: kh(x, table=host_table)}, numpy_calls, reps
+        )
+    )
+    results["static_argnames='table'"] = static
+
+    st = kiln.stats()
+
+    ratios: dict[str, dict[str, float]] = {}
+    for case, impls in results.items():
+        print(case)
+        base_name = "jax.jit" if "jax.jit" in impls else "jax.jit static int"
+        base = impls[base_name]["us_per_call"]
+        for name, r in impls.items():
+            spread = f"(min {r['min_us']:.2f}, max {r['max_us']:.2f})"
+            print(
+                f"  {name:<34}{r['us_per_call']:>10.2f} us/call  {spread:<28}"
+                f"{r['us_per_call'] / base:>8.2f}x {base_name}"
+            )
+        ratios[case] = {name: r["us_per_call"] / base for name, r in impls.items()}
+        if "jax AOT compiled" in impls:
+            ratios[case]["kiln.jit / jax AOT compiled"] = (
+                impls["kiln.jit"]["us_per_call"] / impls["jax AOT compiled"]["us_per_call"]
+            )
+        print()
+
+    s = results["static_argnames='table'"]
+    nb = s["kiln.jit static numpy 64 MiB"]["us_per_call"]
+    print(f"re-hashed numpy table: {NBYTES / (nb * 1e-6) / 1e9:.2f} GB/s per call (incl. dispatch)")
+    small_cases = [c for c in results if "jax AOT compiled" in results[c]]
+    worst = max(ratios[c]["kiln.jit"] for c in small_cases)
+    target_met = worst <= TARGET_KILN_VS_JAX
+    print(
+        f"target kiln.jit / jax.jit <= {TARGET_KILN_VS_JAX} on the small functions: "
+        f"{'met' if target_met else 'NOT met'} (worst {worst:.2f}x)"
+    )
+    print(
+        f"kiln stats: compiles {st.compiles}, hot calls {st.calls_hot}, misses {st.misses}, "
+        f"hits {st.hits}"
+    )
+    if st.misses > 5:  # f, g, h(int), h(table) and, if numpy and jax digests differ, once more
+        print(f"note: {st.misses} kiln misses; the timed loops may include recompiles")
+
+    if args.json is not None:
+        payload = {
+            "benchmark": "per_call",
+            "command": command,
+            "quick": args.quick,
+            "versions": {
+                "python": platform.python_version(),
+                "jax": jax.__version__,
+                "kiln": kiln.__version__,
+                "numpy": np.__version__,
+            },
+            "backend": jax.default_backend(),
+            "device": device.device_kind,
+            "cpus": os.cpu_count(),
+            "reps": reps,
+            "calls": calls,
+            "numpy_calls": numpy_calls,
+            "results": results,
+            "ratios_vs_jax_jit": ratios,
+            "target_kiln_vs_jax": TARGET_KILN_VS_JAX,
+            "target_met": target_met,
+            "kiln_stats": st.as_dict(),
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
