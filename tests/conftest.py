@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,3 +32,236 @@ def kiln_store(tmp_path, monkeypatch):
     yield cache
     kiln.configure(cache_dir=None, store=None, verify=None, explain=None, strict=None,
                    signing_key=None, max_size=None, progress=None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cross-process tests
+# ----------------------------------------------------------------------------------------------
+# Cross-process tests (``test_staleness.py``, ``test_warm_start.py``) use :class:`Program` through
+# the ``xp`` fixture: a small user program written into a temporary folder and run in fresh Python
+# processes sharing one store (``KILN_CACHE_DIR``). Inside the program, the ``kiln_probe`` module
+# measures each call:
+#
+# - ``TRACE()``: put it in a function body; it counts Python-side traces (the body only runs when
+#   jax traces it);
+# - ``call(name, fn, *args, **kwargs)``: calls ``fn`` and records, for that call alone, its result
+#   leaves, any exception, the deltas of :func:`kiln.stats` counters, the ``TRACE()`` count, and
+#   jax's own monitoring events (traces, lowerings, XLA backend compiles), counted independently
+#   of kiln;
+# - ``report(**extra)``: prints everything as one JSON line.
+#
+# The probe is compiled under the file name ``<kiln-probe>``, so kiln does not count it as user
+# code: it neither changes fingerprints (``TRACE`` is hashed as a library function) nor appears in
+# manifests. (A ``list`` counter in the user program would be hashed by value and change the key.)
+# Children run with ``PYTHONDONTWRITEBYTECODE=1``: an edit that keeps a file's size, made in the
+# same second as the previous run, would otherwise be shadowed by a stale ``.pyc``.
+
+PROBE_SOURCE = '''
+import json
+import warnings
+
+import jax
+import numpy as np
+
+import kiln
+
+warnings.simplefilter("error", kiln.KilnWarning)
+
+traces = 0
+events = []
+results = {}
+
+EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "jax_traces",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "jax_lowerings",
+    "/jax/core/compile/backend_compile_duration": "xla_compiles",
+}
+COUNTERS = ("hits", "misses", "traces", "compiles", "calls_hot", "bad_entries", "stores_written")
+
+
+def TRACE():
+    global traces
+    traces += 1
+
+
+def _listener(event, duration, **kwargs):
+    events.append(event)
+
+
+jax.monitoring.register_event_duration_secs_listener(_listener)
+
+
+def plain(out):
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    return {
+        "leaves": [np.asarray(a).tolist() for a in leaves],
+        "dtypes": [str(np.asarray(a).dtype) for a in leaves],
+        "tree": str(treedef),
+        "type": type(out).__name__,
+    }
+
+
+def call(name, fn, *args, **kwargs):
+    """Call fn, record what it cost; exceptions are recorded, not raised."""
+    if name in results:
+        raise ValueError(f"duplicate probe name {name!r}")
+    s0, e0, t0 = kiln.stats(), len(events), traces
+    rec = {}
+    out = None
+    try:
+        out = jax.block_until_ready(fn(*args, **kwargs))
+        rec.update(plain(out))
+    except Exception as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+    s1 = kiln.stats()
+    for k in COUNTERS:
+        rec[k] = getattr(s1, k) - getattr(s0, k)
+    rec["py_traces"] = traces - t0
+    new_events = events[e0:]
+    for ev, k in EVENTS.items():
+        rec[k] = new_events.count(ev)
+    results[name] = rec
+    return out
+
+
+def report(**extra):
+    print("KILN-PROBE " + json.dumps(
+        {"results": results, "stats": kiln.stats().as_dict(), "extra": extra}
+    ), flush=True)
+'''
+
+PRELUDE = '''\
+import sys as _sys
+import types as _types
+
+kiln_probe = _types.ModuleType("kiln_probe")
+with open("kiln_probe.txt") as _f:
+    exec(compile(_f.read(), "<kiln-probe>", "exec"), kiln_probe.__dict__)
+_sys.modules["kiln_probe"] = kiln_probe
+from kiln_probe import TRACE, call, report  # noqa: E402
+'''
+
+# Environment variables that change what kiln or jax do; children start without them.
+_SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
+
+
+@dataclass
+class Run:
+    """One finished child process."""
+
+    results: dict[str, dict[str, Any]]
+    stats: dict[str, Any]
+    extra: dict[str, Any]
+    stdout: str
+    stderr: str
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        return self.results[name]
+
+
+@dataclass
+class Program:
+    """A user program in its own folder, with a store shared by all its runs."""
+
+    root: Path
+    base_env: dict[str, str] = field(default_factory=dict)
+    runs: list[Run] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.dir = self.root / "prog"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cache = self.root / "cache"
+        (self.dir / "kiln_probe.txt").write_text(PROBE_SOURCE)
+
+    def write(self, name: str, text: str) -> Path:
+        """Write a file of the program (``prog.py`` gets the probe prelude prepended)."""
+        text = textwrap.dedent(text)
+        if name == "prog.py":
+            text = PRELUDE + text
+        path = self.dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def edit(self, name: str, old: str, new: str) -> None:
+        """Replace the one occurrence of ``old`` in file ``name`` by ``new``."""
+        path = self.dir / name
+        text = path.read_text()
+        count = text.count(old)
+        if count != 1:
+            raise AssertionError(f"{name}: expected one {old!r}, found {count}")
+        path.write_text(text.replace(old, new))
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Run:
+        """Run ``prog.py`` in a fresh process; fail with its output unless it reported."""
+        child_env = {
+            k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)
+        }
+        child_env.update(
+            KILN_CACHE_DIR=str(self.cache),
+            JAX_PLATFORMS="cpu",
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        child_env.pop("PYTHONPATH", None)
+        child_env.update(self.base_env)
+        child_env.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "prog.py", *args],
+            cwd=self.dir,
+            env=child_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("KILN-PROBE ")]
+        if proc.returncode != 0 or not lines:
+            raise AssertionError(
+                f"child process failed (exit {proc.returncode}) with args {args}, env {env}\n"
+                f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+            )
+        data = json.loads(lines[-1][len("KILN-PROBE "):])
+        run = Run(data["results"], data["stats"], data["extra"], proc.stdout, proc.stderr)
+        self.runs.append(run)
+        return run
+
+
+def value(rec: dict[str, Any]) -> Any:
+    """The single result leaf of a probe record (fails with the error, if the call raised)."""
+    assert "error" not in rec, rec["error"]
+    assert len(rec["leaves"]) == 1, rec
+    return rec["leaves"][0]
+
+
+def assert_cold(rec: dict[str, Any]) -> None:
+    """A persistent miss: traced, compiled once, no error."""
+    assert "error" not in rec, rec["error"]
+    assert rec["misses"] == 1 and rec["hits"] == 0, rec
+    assert rec["compiles"] == 1 and rec["xla_compiles"] >= 1, rec
+    assert rec["py_traces"] >= 1, rec
+
+
+def assert_warm(rec: dict[str, Any]) -> None:
+    """A warm start: loaded from the store with no trace, no lowering and no compile."""
+    assert "error" not in rec, rec["error"]
+    assert rec["hits"] == 1 and rec["misses"] == 0, rec
+    assert rec["traces"] == 0 and rec["py_traces"] == 0 and rec["jax_traces"] == 0, rec
+    assert rec["jax_lowerings"] == 0, rec
+    assert rec["compiles"] == 0 and rec["xla_compiles"] == 0, rec
+
+
+def assert_warm_verified(rec: dict[str, Any]) -> None:
+    """A hit that traced and lowered (verify path / audit mode) but never compiled."""
+    assert "error" not in rec, rec["error"]
+    assert rec["hits"] == 1 and rec["misses"] == 0, rec
+    assert rec["traces"] >= 1 and rec["py_traces"] >= 1, rec
+    assert rec["compiles"] == 0 and rec["xla_compiles"] == 0, rec
+
+
+@pytest.fixture(scope="session")
+def xp() -> types.SimpleNamespace:
+    """Cross-process helpers: ``xp.Program(folder)``, ``xp.value(rec)``, ``xp.assert_cold``,
+    ``xp.assert_warm``, ``xp.assert_warm_verified`` (test modules cannot import conftest)."""
+    return types.SimpleNamespace(
+        Program=Program, value=value, assert_cold=assert_cold, assert_warm=assert_warm,
+        assert_warm_verified=assert_warm_verified,
+    )
