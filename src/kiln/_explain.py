@@ -31,7 +31,9 @@ class Stats:
     """Counters for this process (all functions together).
 
     Attributes:
-        calls_hot: calls served by the in-process table.
+        calls_hot: calls served by kiln's Python in-process table (functions with static
+            arguments, and first calls); calls dispatched by the C++ fast path, as ``jax.jit``
+            dispatches them, are not counted.
         hits: persistent hits (executable loaded from the store; no compile).
         misses: persistent misses (compiled).
         traces: times a function body was traced by kiln.

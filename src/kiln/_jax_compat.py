@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -20,9 +20,24 @@ import jax
 # jaxlib extension 455 (jax 0.7); both present in 0.10.2.
 from jax._src import config as _jax_config
 
+# jax._src.{core,dtypes,sharding_impls,tree_util}: abstract_token, extended dtypes,
+# physical_sharding and the C++ dispatch registry, as used by create_cpp_call (jax 0.10.2).
+from jax._src import core as _core
+from jax._src import dtypes as _dtypes
+from jax._src import sharding_impls as _sharding_impls
+
 # jax._src.stages.Compiled(executable, const_args, args_info, out_tree, no_kwargs): the AOT
 # compiled object whose __call__ has a C++ fast path. Constructor shape as of jax 0.8-0.10.
 from jax._src import stages as _stages
+from jax._src import tree_util as _tree_util
+
+# jax._src.interpreters.pxla: MeshExecutable internals for the C++ dispatch fast path
+# (ExecuteReplicated, MeshExecutableFastpathData, JitGlobalCppCacheKeys, cc_shard_arg,
+# reflatten_outputs_for_dispatch); shapes as of jax 0.8-0.10 (see MeshExecutable.create_cpp_call).
+from jax._src.interpreters import pxla as _pxla
+
+# jax._src.lib._jax.pjit: the C++ jit dispatcher (signature check + executable call in C++).
+from jax._src.lib import _jax as _jaxlib_ext
 
 # jax._src.lib.xla_client: Client, Device, DeviceList, LoadedExecutable types (jaxlib 0.4+).
 from jax._src.lib import xla_client as _xc
@@ -219,6 +234,65 @@ def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
             for sub in jex.jaxprs_in_params(eqn.params):
                 stack.append(sub)
     return codes
+
+
+def make_dispatcher(
+    name: str, cache_miss: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, Any]]
+) -> Callable[..., Any]:
+    """A C++ dispatcher like ``jax.jit``'s: after the first call with a signature, later calls
+    with that signature (and the same jax trace context) run the executable without Python.
+
+    ``cache_miss(args, kwargs) -> (outputs, compiled_or_None)`` runs on every signature the C++
+    cache has not seen (and under transformations, ``disable_jit``, non-array arguments); when it
+    returns a ``jax.stages.Compiled`` whose calling convention is the flat leaves of
+    ``(args, kwargs)``, that executable is cached in C++ for the signature. Mirrors
+    ``MeshExecutable.create_cpp_call`` (jax 0.10.2).
+    """
+
+    def miss(*args: Any, **kwargs: Any) -> Any:
+        outs, compiled = cache_miss(args, kwargs)
+        return outs, (None if compiled is None else _fastpath_data(compiled, outs)), False
+
+    def fallback(*args: Any, **kwargs: Any) -> Any:  # under jax.disable_jit()
+        return cache_miss(args, kwargs)[0]
+
+    return _jaxlib_ext.pjit(  # type: ignore[no-any-return]
+        name, fallback, miss, [], [], _pxla.JitGlobalCppCacheKeys(),
+        jax.tree_util.dispatch_registry if hasattr(jax.tree_util, "dispatch_registry")
+        else _tree_util.dispatch_registry,
+        _pxla.cc_shard_arg,
+    )
+
+
+def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
+    executable = compiled._executable
+    call = getattr(executable, "unsafe_call", None)
+    if not (
+        isinstance(call, _pxla.ExecuteReplicated)
+        and not call.has_unordered_effects
+        and not call.has_host_callbacks
+        and not compiled._params.const_args
+        and not getattr(executable, "_mut", None)
+    ):
+        return None
+    out_flat, out_tree = jax.tree_util.tree_flatten(outs)
+    if out_tree != compiled.out_tree or not all(isinstance(x, _xc.ArrayImpl) for x in out_flat):
+        return None
+    out_flat, out_tree_dispatch = _pxla.reflatten_outputs_for_dispatch(out_tree, out_flat)
+    n_args = len(executable.in_avals)
+    in_shardings = [
+        _sharding_impls.physical_sharding(a, s)
+        if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)
+        else s
+        for s, a in zip(executable._in_shardings, executable.in_avals, strict=True)
+    ]
+    return _pxla.MeshExecutableFastpathData(
+        executable.xla_executable, out_tree_dispatch, in_shardings,
+        executable._out_shardings, [o.aval for o in out_flat],
+        [o._committed for o in out_flat],
+        [i in executable._kept_var_idx for i in range(n_args)],
+        executable._dispatch_in_layouts, [],
+    )
 
 
 def pickle_value(value: Any) -> bytes:

@@ -217,6 +217,10 @@ class JitFunction:
         self._lock = threading.RLock()
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
+        self._dispatch = (
+            None if self._has_statics
+            else _jax_compat.make_dispatcher(self._name, self._python_call)
+        )
         _note_creation(fun)
 
     # -- descriptor protocol: @kiln.jit on a method ---------------------------------------
@@ -393,26 +397,29 @@ class JitFunction:
         return key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._has_statics:
-            # hot path: flatten, look up, run (no static arguments to split off)
-            leaves, treedef = _tree_flatten((args, kwargs))
-            key = (_trace_context_token(), treedef, tuple(map(_leaf_sig, leaves)), ())
-            call = self._table.get(key)
-            if call is not None:
-                self._hot_calls += 1
-                return call(*leaves)
+        if self._dispatch is not None:
+            # C++ fast path (as jax.jit's): Python only runs on signatures it has not cached
+            return self._dispatch(*args, **kwargs)
+        return self._python_call(args, kwargs)[0]
+
+    def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        """(outputs, executable for the C++ cache or None)."""
         key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef = self._prepare(
             args, kwargs
         )
         if key is None:
             # Under a transformation (grad, vmap, an outer jit): behave like a nested jax.jit.
-            return self._inline_fn(statics, static_key, len(dyn_args))(*dyn_args, **dyn_kwargs)
+            fn = self._inline_fn(statics, static_key, len(dyn_args))
+            return fn(*dyn_args, **dyn_kwargs), None
         call = self._table.get(key)
         if call is None:
             call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
         else:
             self._hot_calls += 1
-        return call(*leaves)
+        outs = call(*leaves)
+        # only a plain executable over all leaves of (args, kwargs) can be cached in C++
+        cacheable = isinstance(call, jax.stages.Compiled) and not static_key
+        return outs, (call if cacheable else None)
 
     def _static_leaves(
         self, leaves: list[Any], sigs: tuple[Any, ...], treedef: Any
@@ -475,6 +482,8 @@ class JitFunction:
     def clear_cache(self) -> None:
         """Forget this process's executables (the store is untouched)."""
         with self._lock:
+            if self._dispatch is not None:
+                self._dispatch._clear_cache()
             self._table.clear()
             self._seen.clear()
             self._inline.clear()
