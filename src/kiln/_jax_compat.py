@@ -265,7 +265,7 @@ def make_dispatcher(
 
 
 def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
-    executable = compiled._executable
+    executable: Any = compiled._executable
     call = getattr(executable, "unsafe_call", None)
     if not (
         isinstance(call, _pxla.ExecuteReplicated)
@@ -276,7 +276,8 @@ def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
     ):
         return None
     out_flat, out_tree = jax.tree_util.tree_flatten(outs)
-    if out_tree != compiled.out_tree or not all(isinstance(x, _xc.ArrayImpl) for x in out_flat):
+    same_tree: bool = out_tree == compiled.out_tree  # type: ignore[operator]
+    if not same_tree or not all(isinstance(x, _xc.ArrayImpl) for x in out_flat):
         return None
     out_flat, out_tree_dispatch = _pxla.reflatten_outputs_for_dispatch(out_tree, out_flat)
     n_args = len(executable.in_avals)

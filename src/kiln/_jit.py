@@ -483,7 +483,7 @@ class JitFunction:
         """Forget this process's executables (the store is untouched)."""
         with self._lock:
             if self._dispatch is not None:
-                self._dispatch._clear_cache()
+                self._dispatch._clear_cache()  # type: ignore[attr-defined]
             self._table.clear()
             self._seen.clear()
             self._inline.clear()
