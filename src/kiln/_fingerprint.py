@@ -286,6 +286,10 @@ class _Walker:
                 member = member.fget
             if isinstance(member, types.FunctionType):
                 self.function(member)
+            elif _is_plain_data(member):
+                # class-level constants (``Cfg.FACTOR``); other class attributes (descriptors,
+                # dataclass fields, nested classes) are not values the traced code reads
+                self.value(f"{mod}.{cls.__qualname__}.{attr}", member)
 
     def function(self, fn: types.FunctionType) -> None:
         code = fn.__code__
@@ -325,10 +329,25 @@ class _Walker:
                 # ``import helper`` / ``from helper import h`` inside the function body
                 modules.append(sys.modules[name])
                 self.add(f"module:{name}", name)
-        for mod in modules:
+        done: set[str] = set()
+        while modules:
+            mod = modules.pop(0)
+            if mod.__name__ in done:
+                continue
+            done.add(mod.__name__)
             for attr in sorted(names):
                 if attr in vars(mod):
-                    self.value(f"{mod.__name__}.{attr}", vars(mod)[attr])
+                    v = vars(mod)[attr]
+                    self.value(f"{mod.__name__}.{attr}", v)
+                    if isinstance(v, types.ModuleType) and _module_is_user(v):
+                        modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
+
+
+def _is_plain_data(v: Any) -> bool:
+    if type(v) in _PLAIN:
+        return type(v) not in (tuple, list, dict) or all(_is_plain_data(x) for x in (
+            v.values() if isinstance(v, dict) else v))
+    return isinstance(v, np.ndarray | np.generic | jax.Array)
 
 
 def _has_file(obj: Any) -> bool:
@@ -377,9 +396,19 @@ def _module_names_by_file() -> dict[str, str]:
     return out
 
 
-def _resolve(module: str, qualname: str) -> types.FunctionType | None:
-    """The function at ``module`` + ``qualname``; for ``a.<locals>.b`` the enclosing ``a``."""
+def _resolve(module: str, qualname: str) -> Any:
+    """The object at ``module`` + ``qualname``; for ``a.<locals>.b`` the enclosing ``a``.
+
+    Decorated functions (``kiln.jit``, ``jax.jit``, ``functools.wraps``) resolve to the function
+    they wrap. A module not imported yet is imported (it is user code the program imports while
+    tracing). Returns None when nothing is found.
+    """
     mod = sys.modules.get(module)
+    if mod is None and module != "__main__":
+        try:
+            mod = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a module that no longer imports: not found
+            return None
     if mod is None:
         return None
     obj: Any = mod
@@ -391,7 +420,24 @@ def _resolve(module: str, qualname: str) -> types.FunctionType | None:
             return None
     if isinstance(obj, property):
         obj = obj.fget
-    return obj if isinstance(obj, types.FunctionType) else None
+    for _ in range(10):
+        if isinstance(obj, types.FunctionType | type):
+            break
+        wrapped = getattr(obj, "__wrapped__", None)
+        if wrapped is None:
+            break
+        obj = wrapped
+    return obj
+
+
+def _find_in_module(module: str, code: types.CodeType) -> str | None:
+    """Name of a module global function whose code is (or contains) ``code``: a module-level
+    lambda assigned to a name has qualname ``<lambda>``, which does not resolve."""
+    mod = sys.modules.get(module)
+    for name, v in sorted(vars(mod).items()) if mod is not None else ():
+        if isinstance(v, types.FunctionType) and _contains(v.__code__, code):
+            return name
+    return None
 
 
 def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
@@ -443,15 +489,23 @@ def manifest_for(
         if module is None:
             return [], f"{code.co_qualname} ({code.co_filename}) is not in an imported module"
         fn = _resolve(module, code.co_qualname)
-        if fn is None or not _contains(fn.__code__, code):
-            return [], f"{module}.{code.co_qualname} ran while tracing but cannot be found again"
-        key = (module, fn.__qualname__)
+        if isinstance(fn, type):
+            continue  # a class body running at import: its attributes are walked by klass()
+        qualname = code.co_qualname
+        if not isinstance(fn, types.FunctionType) or not _contains(fn.__code__, code):
+            name = _find_in_module(module, code)
+            if name is None:
+                return [], f"{module}.{qualname} ran while tracing but cannot be found again"
+            fn, qualname = vars(sys.modules[module])[name], name
+        else:
+            qualname = fn.__qualname__
+        key = (module, qualname)
         if key in items or fn.__code__ in covered:
             continue
         try:
             items[key] = _shallow_digest(fn)
         except Unpersistable as e:
-            return [], f"{module}.{fn.__qualname__}: {e}"
+            return [], f"{module}.{qualname}: {e}"
     return [[m, q, d] for (m, q), d in sorted(items.items())], None
 
 
@@ -459,7 +513,7 @@ def check_manifest(items: list[list[str]]) -> str | None:
     """None if every manifest item still hashes the same, else a description of the first change."""
     for module, qualname, digest in items:
         fn = _resolve(module, qualname)
-        if fn is None:
+        if not isinstance(fn, types.FunctionType):
             return f"{module}.{qualname} no longer exists"
         try:
             now = _shallow_digest(fn)

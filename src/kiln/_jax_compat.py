@@ -6,9 +6,11 @@ kiln imports ``jax._src``; when jax changes, this is the one file to port.
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,6 +94,39 @@ def lowered_text(lowered: jax.stages.Lowered) -> str:
     return lowered.as_text()
 
 
+_singletons: dict[type, dict[int, str]] = {}
+_NOT_SINGLETON_MODULES = frozenset({"builtins", "numpy", "jaxlib._jax", "jax._src.tree_util"})
+
+
+def _singleton_id(obj: Any) -> tuple[str, str, str] | None:
+    """("global", module, name) for a module-level instance such as equinox's ``MISSING``.
+
+    Sentinels compared by identity (``x is MISSING``) must unpickle as the very same object,
+    not a copy; pytree aux data holds them (equinox ``_Missing``).
+    """
+    t = type(obj)
+    module = getattr(t, "__module__", None)
+    if module is None or module in _NOT_SINGLETON_MODULES or isinstance(obj, type):
+        return None
+    table = _singletons.get(t)
+    if table is None:
+        mod = sys.modules.get(module)
+        table = {}
+        for name, v in (list(vars(mod).items()) if mod is not None else []):
+            if type(v) is t:
+                table[id(v)] = name
+        _singletons[t] = table
+    found = table.get(id(obj))
+    if found is None or getattr(sys.modules.get(module), found, None) is not obj:
+        return None
+    return ("global", module, found)
+
+
+def _load_singleton(pid: Any) -> Any:
+    _, module, name = pid
+    return getattr(importlib.import_module(module), name)
+
+
 class _Pickler(pickle.Pickler):
     """Pickles an UnloadedMeshExecutable with the XLA executable, devices and client as ids."""
 
@@ -112,7 +147,7 @@ class _Pickler(pickle.Pickler):
             return ("devices", tuple(d.id for d in obj))
         if obj is self._callbacks:
             return ("callbacks",)
-        return None
+        return _singleton_id(obj)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -138,6 +173,8 @@ class _Unpickler(pickle.Unpickler):
             return _xc.DeviceList(tuple(self._by_id[i] for i in pid[1]))
         if kind == "callbacks":
             return self._callbacks
+        if kind == "global":
+            return _load_singleton(pid)
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
@@ -172,9 +209,9 @@ def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes],
     mode = "none"
     if callbacks:
         try:
-            sections["callbacks"] = cloudpickle.dumps(callbacks, protocol=pickle.HIGHEST_PROTOCOL)
+            sections["callbacks"] = pickle_value(callbacks)
             mode = "stored"
-        except Exception:  # noqa: BLE001 - any pickling failure means "rebuild by tracing"
+        except Unserializable:  # the callables must be rebuilt by tracing
             mode = "trace"
     buf = io.BytesIO()
     pickler = _Pickler(buf, unloaded.host_callbacks)
@@ -190,21 +227,43 @@ def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes],
 
 
 def load_compiled(
-    sections: dict[str, bytes], callbacks: Sequence[Any] | None = None
+    sections: dict[str, bytes],
+    callbacks: Sequence[Any] | None = None,
+    out_tree: Any = None,
 ) -> jax.stages.Compiled:
     """Rebuild a callable ``jax.stages.Compiled`` from entry sections (no trace, no compile).
 
-    ``callbacks``: the host callables from a fresh lowering (callbacks mode ``"trace"``); when
-    ``None`` they come from the ``callbacks`` section, or there are none.
+    ``callbacks`` / ``out_tree``: from a fresh lowering when there is one (the verify path, or
+    callables that could not be pickled); ``None`` takes them from the entry.
     Only call this on sections whose entry digest has verified: it unpickles.
     """
+    _ensure_cpu_kernels()
     if callbacks is None:
-        callbacks = cloudpickle.loads(sections["callbacks"]) if "callbacks" in sections else []
+        callbacks = unpickle_value(sections["callbacks"]) if "callbacks" in sections else []
     cbs = list(callbacks)
-    unloaded, args_info, out_tree, no_kwargs = _Unpickler(
+    unloaded, args_info, stored_tree, no_kwargs = _Unpickler(
         io.BytesIO(sections["meta"]), sections["exec"], cbs
     ).load()
-    return _stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs)
+    tree = stored_tree if out_tree is None else out_tree
+    return _stages.Compiled(unloaded.load(), [], args_info, tree, no_kwargs=no_kwargs)
+
+
+_cpu_kernels_ready = False
+
+
+def _ensure_cpu_kernels() -> None:
+    """Register jaxlib's LAPACK kernels before loading a CPU executable that may call them.
+
+    jax registers them lazily when it lowers a linalg op; a process that only loads an
+    executable never lowers one, and the executable then crashes on its first LAPACK call
+    (jax-ml/jax #28908). ``jax._src.lax.linalg.initialize_lapack`` (jax 0.4.30+).
+    """
+    global _cpu_kernels_ready
+    if not _cpu_kernels_ready:
+        from jax._src.lax import linalg as _linalg
+
+        _linalg.initialize_lapack()
+        _cpu_kernels_ready = True
 
 
 def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
@@ -296,21 +355,36 @@ def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
     )
 
 
+class _ValuePickler(cloudpickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        return _singleton_id(obj)
+
+
+class _ValueUnpickler(pickle.Unpickler):
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and pid and pid[0] == "global":
+            return _load_singleton(pid)
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
 def pickle_value(value: Any) -> bytes:
-    """cloudpickle ``value`` (functions by reference when importable, else by value).
+    """cloudpickle ``value`` (functions by reference when importable, else by value; module
+    level sentinels by reference).
 
     Raises:
         Unserializable: it cannot be pickled.
     """
+    buf = io.BytesIO()
     try:
-        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        _ValuePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     except Exception as e:  # noqa: BLE001
         raise Unserializable(f"cannot pickle {type(value).__name__}: {e}") from None
+    return buf.getvalue()
 
 
 def unpickle_value(data: bytes) -> Any:
     """Inverse of :func:`pickle_value`; only for entries whose digest verified."""
-    return cloudpickle.loads(data)
+    return _ValueUnpickler(io.BytesIO(data)).load()
 
 
 def is_tracer(x: Any) -> bool:

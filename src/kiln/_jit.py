@@ -657,7 +657,11 @@ class _Miss:
             marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
                       "signature": self.signature, "reason": reason, "created": time.time()}
             self._put(fp_key, marker, {})
-            return self._compile_and_store(self._verify_key(), None, t_start)
+            vkey = self._verify_key()
+            got = self._load(vkey, t_start)
+            if got is not None and got is not _VERIFY_ONLY:
+                return got
+            return self._compile_and_store(vkey, None, t_start)
         return self._compile_and_store(fp_key, manifest, t_start)
 
     def _load(self, key: str, t_start: float) -> Any:
@@ -701,12 +705,24 @@ class _Miss:
                     )
                 self._explain("lowered", "stored module differs from the fresh lowering")
                 return None
+        out_tree = None
+        static_out = None
+        if self.lowered is not None:
+            # Traced in this process (verify path, audit, unpicklable callbacks): what the
+            # lowered module does not hold (host callables, non-array outputs, the output
+            # tree) comes from this trace, never from the entry.
+            callbacks = _jax_compat.host_callbacks(self.lowered)
+            out_tree = self.lowered.out_tree
+            static_out = self.box.get("static_out")
+            if ("static_out" in entry.sections) != (static_out is not None):
+                self._explain("lowered", "stored entry's outputs differ from the fresh trace")
+                return None
         try:
-            compiled = _jax_compat.load_compiled(entry.sections, callbacks)
+            compiled = _jax_compat.load_compiled(entry.sections, callbacks, out_tree)
             if "static_out" in entry.sections:
-                compiled = _with_static_outputs(
-                    compiled, *_jax_compat.unpickle_value(entry.sections["static_out"])
-                )
+                if static_out is None:
+                    static_out = _jax_compat.unpickle_value(entry.sections["static_out"])
+                compiled = _with_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
             _explain.bump(bad_entries=1)
             self._warn(
