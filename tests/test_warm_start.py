@@ -256,24 +256,8 @@ EXPECT = {
     "returns_module_static_field": [X * 2],
     "local_lambda": [X * 2],
 }
-_EQX_OUTPUT_BUG = (
-    "kiln bug: an executable returning an equinox Module crashes when loaded in a fresh "
-    "process: TypeError: '_Missing' object is not subscriptable in <generated_unflatten_...>. "
-    "The out_tree pickled into the entry's meta section (_jax_compat.serialize_compiled) "
-    "loses the identity of equinox's _Missing sentinel in the Module's aux data"
-)
-WARM_BUGS = {
-    "returns_module": _EQX_OUTPUT_BUG,
-    "returns_module_static_field": (
-        "same bug as returns_module, with a static (aux) field: " + _EQX_OUTPUT_BUG
-    ),
-    "local_lambda": (
-        "kiln perf bug: a lambda (or nested def) called while tracing a @kiln.jit-decorated "
-        "function makes the manifest unresolvable: _resolve('__main__', "
-        "'local_lambda.<locals>.<lambda>') finds the JitFunction object, not a FunctionType -> "
-        "verify-only marker -> every warm start traces and lowers"
-    ),
-}
+# Fixed, kept as regression tests: returns_module, returns_module_static_field, local_lambda.
+WARM_BUGS: dict[str, str] = {}
 
 
 def _check(rec: dict[str, Any], want: list[Any]) -> None:
@@ -310,7 +294,6 @@ def test_outputs_keep_their_pytree_types(runs: dict[str, Any]) -> None:
     assert b["scan"].get("type") == "tuple", b["scan"]
 
 
-@pytest.mark.xfail(strict=True, reason=_EQX_OUTPUT_BUG)
 def test_equinox_module_output_type(runs: dict[str, Any]) -> None:
     assert runs["B"]["returns_module"].get("type") == "Affine", runs["B"]["returns_module"]
 
@@ -342,16 +325,8 @@ def test_precompile_from_shape_dtype_struct(runs: dict[str, Any], xp: Any) -> No
     np.testing.assert_allclose(xp.value(rec), m @ n)
 
 
-LINALG_BUG = (
-    "kiln bug (jax-ml/jax #28908): a CPU executable using LAPACK kernels, loaded in a fresh "
-    "process before anything in it has lowered a linalg op, segfaults (exit -11) when run: "
-    "_jax_compat.load_compiled never registers the LAPACK kernels. Calling "
-    "jax._src.lib.lapack._lapack.initialize() (what jax's linalg lowering does) before "
-    "deserializing fixes it (checked by hand: 5 hits, 0 traces, right values)"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=LINALG_BUG)
 @pytest.mark.parametrize("name", LINALG_FUNCTIONS)
 def test_linalg_executables_load_in_a_fresh_process(
     linalg: dict[str, Any], xp: Any, name: str
