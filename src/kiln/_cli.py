@@ -31,7 +31,7 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,25 +111,10 @@ def _note(line: str) -> None:
 
 
 # -- configuration -------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _configured(**settings: Any) -> Iterator[None]:
-    """``kiln.configure(**settings)`` (``None`` values skipped) for the duration of the block.
-
-    The previous process-wide settings are restored afterwards, so calling :func:`main` twice in
-    one process (tests) does not leak ``--cache-dir`` from one call into the next.
-    """
-    settings = {k: v for k, v in settings.items() if v is not None}
-    missing = object()
-    saved = {k: _config._overrides.get(k, missing) for k in settings}
-    _config.configure(**settings)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is missing:
-                _config._overrides.pop(name, None)
-            else:
-                _config._overrides[name] = value
+def _configured(**settings: Any) -> contextlib.AbstractContextManager[None]:
+    """Process-wide settings for the duration of a verb, restored afterwards (so calling
+    :func:`main` twice in one process does not leak ``--cache-dir`` into the next call)."""
+    return _config.process_settings(**settings)
 
 
 def _open_store() -> Any:

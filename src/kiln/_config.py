@@ -177,6 +177,20 @@ def configure(**kwargs: Any) -> None:
 
 
 @contextlib.contextmanager
+def process_settings(**kwargs: Any) -> Iterator[None]:
+    """:func:`configure` for the duration of a block (all threads), then restore the previous
+    process-wide settings. ``None`` values are skipped. Used by the CLI."""
+    settings = {k: v for k, v in kwargs.items() if v is not None}
+    saved = dict(_overrides)
+    configure(**settings)
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
+
+
+@contextlib.contextmanager
 def config_context(**kwargs: Any) -> Iterator[Config]:
     """Override kiln settings inside a ``with`` block (this thread / task only).
 
