@@ -456,7 +456,7 @@ def test_run_explain_logs_misses_to_stderr(
                           capsys)
     assert code == 0
     assert out == "True\n"
-    assert "kiln: <lambda>: recompiling because argument args[0]: float32[2] -> float32[3]" in err
+    assert "kiln: <lambda>: recompiling because argument x: float32[2] -> float32[3]" in err
     assert _summary(err).startswith("kiln: hits: 0, misses: 2")
     assert kiln.get_config().explain is False
 

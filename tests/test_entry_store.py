@@ -178,7 +178,11 @@ def test_bad_env_var_names_variable(monkeypatch):
         kiln.get_config()
     monkeypatch.setenv("KILN_MAX_SIZE", "1GiB")
     monkeypatch.setenv("KILN_EXPLAIN", "maybe")
-    with pytest.raises(kiln.ConfigError, match="KILN_EXPLAIN must be 0 or 1"):
+    with pytest.raises(kiln.ConfigError, match="KILN_EXPLAIN must be 1 or 0"):
+        kiln.get_config()
+    monkeypatch.setenv("KILN_EXPLAIN", "1")
+    monkeypatch.setenv("KILN_STORE", "bogus://x")
+    with pytest.raises(kiln.ConfigError, match="unknown store scheme 'bogus'"):
         kiln.get_config()
 
 

@@ -108,7 +108,9 @@ def _parse_bool(name: str, raw: str) -> bool:
         return True
     if low in ("0", "false", "no", "off", ""):
         return False
-    raise ConfigError(f"KILN_{name.upper()} must be 0 or 1, got {raw!r}")
+    raise ConfigError(
+        f"KILN_{name.upper()} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}"
+    )
 
 
 def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
@@ -122,7 +124,19 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
         if value is None:
             return None
         return _parse_bool(name, value) if from_env else bool(value)
-    if name in ("store", "signing_key"):
+    if name == "store":
+        if value in (None, ""):
+            return None
+        text = str(value)
+        scheme = text.partition("://")[0] if "://" in text else ""
+        if scheme not in ("", "file"):
+            where = "KILN_STORE" if from_env else "store"
+            raise ConfigError(
+                f"{where}={text!r}: unknown store scheme {scheme!r}; use 'local', 'memory', "
+                "'null', a directory path or a file:// URL"
+            )
+        return text
+    if name == "signing_key":
         return None if value in (None, "") else str(value)
     raise AssertionError(name)  # pragma: no cover
 

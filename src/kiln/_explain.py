@@ -148,17 +148,30 @@ def describe_signature_change(
     return f"{name}: recompiling because " + "; ".join(changes)
 
 
+# fingerprint parts that repeat a key part (static arguments) or only mark a position
+_NOISE = ("extra:", "value:static:", "container:static:")
+_HEX = frozenset("0123456789abcdef")
+
+
+def _short(v: str | None) -> str | None:
+    """Hex digests shortened to 12 characters."""
+    if v is not None and len(v) >= 32 and set(v) <= _HEX:
+        return v[:12]
+    return v
+
+
 def diff_parts(
     new: list[tuple[str, str]], old: list[list[str]] | list[tuple[str, str]]
 ) -> list[str]:
     """Names (with old -> new values when short) of key parts that differ."""
-    old_d = {n: v for n, v in old}
-    new_d = {n: v for n, v in new}
+    old_d = {n: v for n, v in old if not n.startswith(_NOISE)}
+    new_d = {n: v for n, v in new if not n.startswith(_NOISE)}
     out = []
     for n in list(new_d) + [n for n in old_d if n not in new_d]:
         a, b = old_d.get(n), new_d.get(n)
         if a == b:
             continue
+        a, b = _short(a), _short(b)
         if a is None:
             out.append(f"{n} added")
         elif b is None:

@@ -226,18 +226,27 @@ def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes],
     return sections, mode
 
 
+def uses_lapack(lowered_text: str) -> bool:
+    """The lowered module calls jaxlib's LAPACK kernels (``@lapack_*`` custom calls)."""
+    return "@lapack_" in lowered_text
+
+
 def load_compiled(
     sections: dict[str, bytes],
     callbacks: Sequence[Any] | None = None,
     out_tree: Any = None,
+    *,
+    lapack: bool = False,
 ) -> jax.stages.Compiled:
     """Rebuild a callable ``jax.stages.Compiled`` from entry sections (no trace, no compile).
 
     ``callbacks`` / ``out_tree``: from a fresh lowering when there is one (the verify path, or
-    callables that could not be pickled); ``None`` takes them from the entry.
+    callables that could not be pickled); ``None`` takes them from the entry. ``lapack``: the
+    executable calls LAPACK kernels, which must be registered first (~0.4 s, once).
     Only call this on sections whose entry digest has verified: it unpickles.
     """
-    _ensure_cpu_kernels()
+    if lapack:
+        _ensure_cpu_kernels()
     if callbacks is None:
         callbacks = unpickle_value(sections["callbacks"]) if "callbacks" in sections else []
     cbs = list(callbacks)

@@ -24,10 +24,13 @@ What a warm start skips:
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import inspect
 import logging
+import os
+import sys
 import threading
 import time
 import warnings
@@ -187,14 +190,19 @@ class JitFunction:
             p.name for p in params
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        known = {p.name for p in params if p.kind != p.VAR_POSITIONAL and p.kind != p.VAR_KEYWORD}
+        known = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params)
-        for n in names:
+        for argname, n in [("static_argnames", n) for n in names] + [
+            ("donate_argnames", n) for n in dnames
+        ]:
             if params and n not in known and not has_var_kw:
+                close = difflib.get_close_matches(n, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(
-                    f"static_argnames: {getattr(fun, '__name__', fun)!r} has no parameter {n!r}; "
-                    f"its parameters are {sorted(known)}"
+                    f"{argname}: {getattr(fun, '__name__', fun)!r} has no parameter {n!r}; "
+                    f"its parameters are {known}.{hint}"
                 )
+        self._positional = positional
         # Like jax.jit: a static parameter is static whether passed by position or by name.
         self._static_argnums = frozenset(
             set(nums) | {positional.index(n) for n in names if n in positional}
@@ -256,14 +264,25 @@ class JitFunction:
             kwargs = dkw
         return args, kwargs, tuple(statics)
 
+    def _param_name(self, where: Any) -> Any:
+        """The key name of a static argument: its parameter name when the signature gives one
+        (so ``f(x, t)`` and ``f(x, table=t)`` share an executable), else ``args[i]``; static
+        leaves keep their ``("leaf", i)`` position."""
+        if isinstance(where, int):
+            if 0 <= where < len(self._positional):
+                return self._positional[where]
+            return f"args[{where}]"
+        return where
+
     def _static_key(
         self, statics: Sequence[tuple[Any, Any]], names: Sequence[str] | None = None
     ) -> tuple[Any, ...]:
         out: list[tuple[Any, Any]] = []
         for n, (where, value) in enumerate(statics):
-            name = names[n] if names else (where if isinstance(where, str) else f"args[{where}]")
+            keyname = self._param_name(where)
+            name = names[n] if names else (keyname if isinstance(keyname, str) else "leaf")
             try:
-                out.append((where, static_digest(value, argname=name)))
+                out.append((keyname, static_digest(value, argname=name)))
             except Unpersistable:
                 try:
                     hash(value)
@@ -272,8 +291,8 @@ class JitFunction:
                         f"static argument {name!r} of {self._name} is unhashable "
                         f"({type(value).__name__}); pass a hashable value or make it dynamic"
                     ) from None
-                out.append((where, ("process-local", value)))
-        return tuple(out)
+                out.append((keyname, ("process-local", value)))
+        return tuple(sorted(out, key=lambda kv: str(kv[0])))
 
     def _merge(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Callable[..., Any]:
         """``call(dyn_args, dyn_kwargs)`` that re-inserts the static arguments and calls fun."""
@@ -506,17 +525,22 @@ class JitFunction:
             if _jax_compat.jit_disabled():
                 self._table[key] = miss.inner
                 return miss.inner
-            self._explain_memory_miss(key, dyn_args, dyn_kwargs, miss.cfg)
+            miss.memory_reason = self._memory_miss_reason(
+                key, dyn_args, dyn_kwargs, statics, miss.cfg
+            )
+            if miss.memory_reason and "re-created" in miss.memory_reason[1]:
+                miss._log_memory_reason()  # costly even when the store hits: say it now
             compiled = miss.run()
             self._table[key] = compiled
             self._seen.append(key)
             return compiled
 
-    def _explain_memory_miss(
-        self, key: Any, dyn_args: Any, dyn_kwargs: Any, cfg: Config
-    ) -> None:
+    def _memory_miss_reason(
+        self, key: Any, dyn_args: Any, dyn_kwargs: Any, statics: Any, cfg: Config
+    ) -> tuple[str, str] | None:
+        """(kind, message) explaining why this call missed the in-process table."""
         if not (cfg.explain or logger.isEnabledFor(logging.DEBUG)):
-            return
+            return None
         if not self._seen:
             n = _creations.get(_code_of(self._fun), 0)
             hint = (
@@ -524,21 +548,11 @@ class JitFunction:
                 "process: if it is re-created on every call, hoist the kiln.jit(...) out of the "
                 "loop or function)" if n > 2 else ""
             )
-            _explain.explain("new-function", f"{self._name}: first call in this process{hint}",
-                             explain_on=cfg.explain)
-            return
-        paths = [
-            "args" + jax.tree_util.keystr(p) if p and p[0].idx == 0 else jax.tree_util.keystr(p)
-            for p, _ in jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]
-        ]
-        paths = [p.replace("args[0]", "args", 1) if p.startswith("args[0]") else
-                 p.replace("[1]", "kwargs", 1) for p in paths]
+            return "new-function", f"{self._name}: first call in this process{hint}"
+        paths = _leaf_paths(self, dyn_args, dyn_kwargs, statics)
         new = (key[1], paths, key[2], key[3])
         seen = [(k[1], paths, k[2], k[3]) for k in self._seen]
-        _explain.explain(
-            "signature", _explain.describe_signature_change(self._name, new, seen),
-            explain_on=cfg.explain,
-        )
+        return "signature", _explain.describe_signature_change(self._name, new, seen)
 
 
 _creations: dict[Any, int] = {}
@@ -551,6 +565,45 @@ def _code_of(fun: Any) -> Any:
 def _note_creation(fun: Any) -> None:
     code = _code_of(fun)
     _creations[code] = _creations.get(code, 0) + 1
+
+
+_KILN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel() -> int:
+    """stacklevel for warnings.warn that points at the first frame outside kiln and jax."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        f = frame.f_code.co_filename
+        if not (f.startswith(_KILN_DIR) or f"{os.sep}jax{os.sep}" in f or f"{os.sep}jaxlib" in f):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return 1
+
+
+def _leaf_paths(
+    jf: JitFunction, dyn_args: Any, dyn_kwargs: Any, statics: tuple[tuple[Any, Any], ...]
+) -> list[str]:
+    """Readable path of every leaf of (dyn_args, dyn_kwargs): ``x``, ``model.layers[0].weight``,
+    ``kwargs['y']``, using parameter names where the signature gives them."""
+    pos = sorted(w for w, _ in statics if isinstance(w, int))
+    total = len(dyn_args) + len(pos)
+    pos = sorted(w if w >= 0 else total + w for w in pos)
+    dyn_positions = [i for i in range(total) if i not in pos]
+    out = []
+    flat = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs), is_leaf=lambda x: False)
+    for path, _ in flat[0]:
+        head, rest = path[0].idx, path[1:]  # type: ignore[attr-defined]
+        if head == 0:
+            j = rest[0].idx  # type: ignore[attr-defined]
+            name = jf._param_name(dyn_positions[j]) if j < len(dyn_positions) else f"args[{j}]"
+            out.append(name + jax.tree_util.keystr(tuple(rest[1:])))
+        else:
+            name = str(getattr(rest[0], "key", rest[0]))
+            out.append(name + jax.tree_util.keystr(tuple(rest[1:])))
+    return out
 
 
 class _Miss:
@@ -580,38 +633,63 @@ class _Miss:
         self.store: Store = open_store(cfg)
         self.lowered: jax.stages.Lowered | None = None
         self.lowered_digest: str | None = None
+        self.lapack = True
         self.calls: set[Any] = set()
         self.trace_seconds = 0.0
         structure, aux = _treedef_parts(treedef)
-        self.signature = ", ".join(_aval_text(s) for s in sigs)
+        self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
         extra = list(aux)
         self.unsound: str | None = None
         static_parts = []
-        for (where, value), (_, digest) in zip(statics, static_key, strict=True):
-            name = (where if isinstance(where, str) else
-                    f"leaf[{where[1]}]" if isinstance(where, tuple) else f"args[{where}]")
+        values = {jf._param_name(where): value for where, value in statics}
+        leaf_paths = _leaf_paths(jf, dyn_args, dyn_kwargs, statics) if static_leaves else []
+        self.static_text = []
+        for keyname, digest in static_key:
+            value = values[keyname]
+            if isinstance(keyname, str):
+                name = keyname
+            else:
+                i = keyname[1]
+                name = f"leaf {leaf_paths[i] if i < len(leaf_paths) else i}"
             if isinstance(digest, tuple):
                 # callables are fingerprinted by code in the walk below; others are unsound
                 if not callable(value):
-                    self.unsound = f"static argument {name!r} has no canonical digest"
+                    self.unsound = (
+                        f"static argument {name} ({type(value).__name__}) has no canonical "
+                        "digest, so kiln cannot tell whether a stored executable was built for "
+                        "it; give its class a __kiln_digest__ method or make it a frozen "
+                        "dataclass of plain values"
+                    )
                 digest = "see-fingerprint"
             static_parts.append((f"static:{name}", str(digest)))
+            self.static_text.append(f"{name}={str(digest)[:8]}")
+        if self.static_text:
+            self.signature += "; static " + ", ".join(self.static_text)
             extra.append((f"static:{name}", value))
         self.fp = fingerprint(jf._fun, extra=extra)
         if not self.fp.sound and self.unsound is None:
             self.unsound = self.fp.reason
         self.base_parts = environment_parts() + [
             ("function", f"{jf._module}.{jf._name}"),
-            ("signature", f"{structure} :: {self.signature}"),
+            ("signature", f"{structure} :: {avals_text}"),
             *static_parts,
         ]
         self.fp_parts = [("fingerprint", self.fp.digest)]
+        self.memory_reason: tuple[str, str] | None = None
 
     # -- helpers ----------------------------------------------------------------------------
-    def _warn(self, message: str) -> None:
+    def _log_memory_reason(self) -> None:
+        """Say why this call missed in process, once, and only when kiln will not hit."""
+        if self.memory_reason is not None:
+            _explain.explain(*self.memory_reason, explain_on=self.cfg.explain)
+            self.memory_reason = None
+
+    def _warn(self, message: str, then: str) -> None:
+        """A store problem: a warning pointing at the user's call (``then`` says what kiln
+        does next), or with ``KILN_STRICT=1`` a :class:`StoreError`."""
         if self.cfg.strict:
-            raise StoreError(message)
-        warnings.warn(message, StoreWarning, stacklevel=5)
+            raise StoreError(f"{message} (KILN_STRICT=1 is set; unset it to {then} instead)")
+        warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=_user_stacklevel())
 
     def _explain(self, kind: str, message: str) -> None:
         _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
@@ -625,6 +703,7 @@ class _Miss:
             self.lowered = traced.lower()
             text = _jax_compat.lowered_text(self.lowered)
             self.lowered_digest = hashlib.sha256(text.encode()).hexdigest()
+            self.lapack = _jax_compat.uses_lapack(text)
             self.trace_seconds = time.perf_counter() - t0
         return self.lowered
 
@@ -668,9 +747,10 @@ class _Miss:
         try:
             blob = self.store.get(key)
         except OSError as e:
-            self._warn(f"kiln: cannot read store {self.store.url!r} ({e}); compiling instead")
+            self._warn(f"kiln: cannot read store {self.store.url!r} ({e})", "compiling instead")
             return None
         if blob is None:
+            self._log_memory_reason()
             self._explain_persistent_miss(key)
             return None
         try:
@@ -679,7 +759,7 @@ class _Miss:
             _explain.bump(bad_entries=1)
             self._warn(
                 f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} is unusable "
-                f"({e}); recompiling and replacing it"
+                f"({e})", "recompiling and replacing it",
             )
             return None
         header = entry.header
@@ -718,7 +798,9 @@ class _Miss:
                 self._explain("lowered", "stored entry's outputs differ from the fresh trace")
                 return None
         try:
-            compiled = _jax_compat.load_compiled(entry.sections, callbacks, out_tree)
+            compiled = _jax_compat.load_compiled(
+                entry.sections, callbacks, out_tree, lapack=bool(header.get("lapack", True))
+            )
             if "static_out" in entry.sections:
                 if static_out is None:
                     static_out = _jax_compat.unpickle_value(entry.sections["static_out"])
@@ -727,12 +809,12 @@ class _Miss:
             _explain.bump(bad_entries=1)
             self._warn(
                 f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
-                f"({type(e).__name__}: {e}); recompiling and replacing it"
+                f"({type(e).__name__}: {e})", "recompiling and replacing it",
             )
             return None
         load_s = time.perf_counter() - t0
         _explain.bump(hits=1, load_seconds=load_s,
-                      saved_seconds=float(header.get("compile_seconds", 0.0)))
+                      saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
         return compiled
 
@@ -747,9 +829,13 @@ class _Miss:
                 if not header or header.get("function") != fname:
                     continue
                 diff = _explain.diff_parts(
-                    self.base_parts + list(self.fp.parts),
-                    header.get("key_parts", []) + header.get("fp_parts", []),
+                    [p for p in self.base_parts if p[0] != "signature"] + list(self.fp.parts),
+                    [p for p in header.get("key_parts", []) if p[0] != "signature"]
+                    + header.get("fp_parts", []),
                 )
+                old_sig = header.get("signature")
+                if old_sig != self.signature:
+                    diff.insert(0, f"argument types: {old_sig} -> {self.signature}")
                 if best is None or len(diff) < len(best):
                     best = diff
         except OSError:
@@ -761,6 +847,7 @@ class _Miss:
                           "closest stored entry differs in: " + "; ".join(best[:8]))
 
     def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
+        self._log_memory_reason()
         lowered = self._trace_lower()
         t0 = time.perf_counter()
         with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
@@ -786,6 +873,7 @@ class _Miss:
             "manifest": manifest or [],
             "callbacks": mode,
             "lowered": self.lowered_digest,
+            "lapack": self.lapack,
             "compile_seconds": total,
             "xla_compile_seconds": compile_s,
             "trace_seconds": self.trace_seconds,
@@ -801,7 +889,8 @@ class _Miss:
         try:
             self.store.put(key, blob)
         except OSError as e:
-            self._warn(f"kiln: cannot write to store {self.store.url!r} ({e}); continuing")
+            self._warn(f"kiln: cannot write to store {self.store.url!r} ({e})",
+                       "continuing without storing")
             return
         _explain.bump(stores_written=1)
 
