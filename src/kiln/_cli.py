@@ -691,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
     except _Failure as e:
         _note(f"error: {e}")
         return e.code
+    except BrokenPipeError:
+        # the reader went away (``kiln ls | head``): not an error; keep Python's exit-time
+        # flush of stdout from complaining
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except KilnError as e:
         _note(f"error: {e}")
         return 1

@@ -1,6 +1,6 @@
 """``kiln.jit``: ``jax.jit`` whose executables outlive the process.
 
-Data flow of one call (see ../DESIGN.md)::
+Data flow of one call (docs/how-it-works.md)::
 
     call(*args)
       -> split static / dynamic args; signature = (trace config, pytree structure, leaf avals,
