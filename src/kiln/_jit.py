@@ -312,10 +312,7 @@ class JitFunction:
     def _jitted(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Any:
         """A plain ``jax.jit`` of fun with the statics bound (used under transformations)."""
         merge = self._merge(statics, n_dyn)
-        pos = sorted(w for w, _ in statics if isinstance(w, int))
-        total = n_dyn + len(pos)
-        pos = sorted(w if w >= 0 else total + w for w in pos)
-        dyn_positions = [i for i in range(total) if i not in pos]
+        dyn_positions = _dyn_positions(statics, n_dyn)
         donate = tuple(j for j, i in enumerate(dyn_positions) if i in self._donate_argnums)
         static_names = {w for w, _ in statics if isinstance(w, str)}
         dnames = tuple(n for n in self._donate_argnames if n not in static_names)
@@ -374,10 +371,7 @@ class JitFunction:
     ) -> tuple[int, ...]:
         if not (self._donate_argnums or self._donate_argnames):
             return ()
-        pos = sorted(w for w, _ in statics if isinstance(w, int))
-        total = n_dyn + len(pos)
-        pos = sorted(w if w >= 0 else total + w for w in pos)
-        dyn_positions = [i for i in range(total) if i not in pos]
+        dyn_positions = _dyn_positions(statics, n_dyn)
         args_def, kwargs_def = treedef.children()
         donated: list[int] = []
         start = 0
@@ -583,15 +577,20 @@ def _user_stacklevel() -> int:
     return 1
 
 
+def _dyn_positions(statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> list[int]:
+    """Original positions of the dynamic positional arguments (static positions removed)."""
+    pos = [w for w, _ in statics if isinstance(w, int)]
+    total = n_dyn + len(pos)
+    taken = {w if w >= 0 else total + w for w in pos}
+    return [i for i in range(total) if i not in taken]
+
+
 def _leaf_paths(
     jf: JitFunction, dyn_args: Any, dyn_kwargs: Any, statics: tuple[tuple[Any, Any], ...]
 ) -> list[str]:
     """Readable path of every leaf of (dyn_args, dyn_kwargs): ``x``, ``model.layers[0].weight``,
     ``kwargs['y']``, using parameter names where the signature gives them."""
-    pos = sorted(w for w, _ in statics if isinstance(w, int))
-    total = len(dyn_args) + len(pos)
-    pos = sorted(w if w >= 0 else total + w for w in pos)
-    dyn_positions = [i for i in range(total) if i not in pos]
+    dyn_positions = _dyn_positions(statics, len(dyn_args))
     out = []
     flat = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs), is_leaf=lambda x: False)
     for path, _ in flat[0]:
