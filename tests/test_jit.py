@@ -292,6 +292,25 @@ def test_bad_entry_warns_once_recompiles_and_is_replaced(kiln_store, damage):
     assert len(traces) == 2 + audit_traces() and kiln.stats().hits == 1
 
 
+def test_entry_under_another_key_is_refused(kiln_store):
+    f, f_traces = make_counted(lambda x: x + 1)
+    g, g_traces = make_counted(lambda x: x * 100)
+    x = jnp.ones(2)
+    f(x)
+    g(x)
+    paths = _entry_files(kiln_store)
+    assert len(paths) == 2
+    a, b = (p.read_bytes() for p in paths)
+    paths[0].write_bytes(b)  # swap the two valid entries
+    paths[1].write_bytes(a)
+    f.clear_cache()
+    g.clear_cache()
+    with pytest.warns(kiln.StoreWarning, match="written for key"):
+        assert f(x).tolist() == [2.0, 2.0]
+    with pytest.warns(kiln.StoreWarning, match="written for key"):
+        assert g(x).tolist() == [100.0, 100.0]
+
+
 def test_strict_mode_raises_on_bad_entry(kiln_store):
     f = kiln.jit(lambda x: x + 1)
     f(jnp.ones(2))

@@ -11,6 +11,7 @@ An entry is one blob, little-endian::
     25      7     zero padding
     32      H     header: UTF-8 JSON object (plain data: key parts, versions, platform, compile
                   seconds, sizes, manifest, payload section table)
+                  and the entry's own key (an entry found under another key is refused)
     32+H    P     payload: the sections named in header["sections"] as [offset, length] pairs
                   relative to the payload start (executable bytes, pickled call metadata,
                   pickled host callbacks)

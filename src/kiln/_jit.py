@@ -754,6 +754,9 @@ class _Miss:
             return None
         try:
             entry = decode(blob, signing_key=self.cfg.signing_key)
+            if entry.header.get("key") != key:
+                # a valid entry stored under another key (a swapped or copied file)
+                raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
         except EntryError as e:
             _explain.bump(bad_entries=1)
             self._warn(
@@ -884,7 +887,7 @@ class _Miss:
     def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
         if key is None:
             return
-        blob = encode(header, sections, signing_key=self.cfg.signing_key)
+        blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
         try:
             self.store.put(key, blob)
         except OSError as e:
