@@ -56,9 +56,13 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict)
 
 @functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
-    """True if ``filename`` is user code: not stdlib, not site-packages, not kiln itself."""
+    """True if ``filename`` is user code: not stdlib, not site-packages, not kiln itself.
+
+    Code compiled from a string (``python -c``, ``exec``, ``<stdin>``, notebook cells) is user
+    code: its bytecode is hashed like any other.
+    """
     if not filename or filename.startswith("<"):
-        return filename.startswith("<ipython") or filename == "<stdin>"
+        return True
     real = os.path.realpath(filename)
     return not real.startswith(_LIB_ROOTS) and not real.startswith(_KILN_ROOT)
 
@@ -72,6 +76,8 @@ def _packages_distributions() -> dict[str, list[str]]:
 def library_version(module_name: str) -> str:
     """``dist==version`` of the installed distribution that provides ``module_name``."""
     top = module_name.partition(".")[0]
+    if not top:
+        return "unknown==unknown"
     if top in sys.stdlib_module_names or top == "builtins":
         return f"python=={sys.version.split()[0]}"
     # Most distributions are named like their top-level package (jax, numpy, equinox): ask
@@ -164,6 +170,24 @@ class _Walker:
         self.codes: set[types.CodeType] = set()
         self.reason: str | None = None
         self.keep: list[Any] = []  # keep ids stable during the walk
+        self.modules: list[types.ModuleType] = []  # user modules reached as values
+        self.names: set[str] = set()  # every name any walked code reads
+
+    def finish(self) -> None:
+        """Walk the attributes of every user module reached (through a global, a closure, a
+        default, an argument...) that any walked code names: ``mod.SCALE`` wherever ``mod``
+        came from. Repeats until no new module or name appears."""
+        done: set[tuple[str, str]] = set()
+        changed = True
+        while changed:
+            changed = False
+            for mod in list(self.modules):
+                for attr in sorted(self.names):
+                    if (mod.__name__, attr) in done or attr not in vars(mod):
+                        continue
+                    done.add((mod.__name__, attr))
+                    changed = True
+                    self.value(f"{mod.__name__}.{attr}", vars(mod)[attr])
 
     def add(self, name: str, digest: str) -> None:
         self.parts.append((name, digest))
@@ -183,6 +207,7 @@ class _Walker:
         if isinstance(v, types.ModuleType):
             if _module_is_user(v):
                 self.add(f"module:{name}", v.__name__)
+                self.modules.append(v)  # its attributes named by any walked code: finish()
             else:
                 self.add(f"lib:{v.__name__}", library_version(v.__name__))
             return
@@ -236,6 +261,9 @@ class _Walker:
             self.add(f"wrapper:{name}", f"{type(v).__module__}.{type(v).__qualname__}")
             self.value(f"{name}.__wrapped__", wrapped)
             return
+        cls = type(v)
+        if _has_file(cls) and is_user_file(inspect.getfile(cls)):
+            self.klass(cls)  # a user dataclass / object: its methods and class constants too
         try:
             self.add(f"value:{name}", static_digest(v, argname=name))
         except Unpersistable as e:
@@ -286,20 +314,21 @@ class _Walker:
                 member = member.fget
             if isinstance(member, types.FunctionType):
                 self.function(member)
-            elif _is_plain_data(member):
-                # class-level constants (``Cfg.FACTOR``); other class attributes (descriptors,
-                # dataclass fields, nested classes) are not values the traced code reads
+            elif not (attr.startswith("_") and attr.endswith("_")):
+                # class constants (``Cfg.FACTOR``, enum members, frozensets, partials,
+                # modules): by value; what has no value digest makes the walk unsound
                 self.value(f"{mod}.{cls.__qualname__}.{attr}", member)
 
     def function(self, fn: types.FunctionType) -> None:
         code = fn.__code__
         if code in self.codes:
             return
-        mod = fn.__module__ or ""
+        mod = fn.__module__ or "<no module>"
         if not is_user_file(code.co_filename):
             self.add(f"lib:{mod}", library_version(mod))
             return
         self.codes.add(code)
+        self.names |= _code_names(code)
         qual = f"{mod}.{fn.__qualname__}"
         self.add(f"code:{qual}", code_digest(code))
         if fn.__defaults__:
@@ -343,13 +372,6 @@ class _Walker:
                         modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
 
 
-def _is_plain_data(v: Any) -> bool:
-    if type(v) in _PLAIN:
-        return type(v) not in (tuple, list, dict) or all(_is_plain_data(x) for x in (
-            v.values() if isinstance(v, dict) else v))
-    return isinstance(v, np.ndarray | np.generic | jax.Array)
-
-
 def _has_file(obj: Any) -> bool:
     try:
         inspect.getfile(obj)
@@ -372,6 +394,7 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
         w.add(f"extra:{name}", "")
         w.seen.discard(id(v))
         w.value(name, v)
+    w.finish()
     h = xxhash.xxh3_128()
     for name, d in w.parts:
         h.update(name.encode())
@@ -447,18 +470,14 @@ def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
 
 
 def _shallow_digest(fn: types.FunctionType) -> str:
-    """Code of ``fn`` plus the values of the module globals it names (functions by code)."""
+    """Full static walk of one manifest function: code, defaults, closure, globals, helpers.
+
+    Raises:
+        Unpersistable: some part has no canonical digest.
+    """
     w = _Walker()
-    w.add("code", code_digest(fn.__code__))
-    g = fn.__globals__
-    for name in sorted(_code_names(fn.__code__)):
-        if name in g:
-            v = g[name]
-            if isinstance(v, types.FunctionType):
-                if is_user_file(v.__code__.co_filename):
-                    w.add(f"fn:{name}", code_digest(v.__code__))
-                continue
-            w.value(name, v)
+    w.function(fn)
+    w.finish()
     if w.reason is not None:
         raise Unpersistable(w.reason)
     h = xxhash.xxh3_128()
@@ -482,6 +501,14 @@ def manifest_for(
     by_file: dict[str, str] | None = None
     for code in sorted(codes, key=lambda c: (c.co_filename, c.co_qualname)):
         if code in covered or not is_user_file(code.co_filename) or code.co_name == "<module>":
+            continue
+        if code.co_filename.startswith("<"):
+            # code compiled from a string: a ``python -c`` / notebook function is found in
+            # __main__ by qualname; generated code (dataclass ``__init__`` in jax, ...) is
+            # derived from classes the walk covers by their own code, and is skipped
+            fn = _resolve("__main__", code.co_qualname)
+            if isinstance(fn, types.FunctionType) and _contains(fn.__code__, code):
+                items.setdefault(("__main__", fn.__qualname__), _shallow_digest(fn))
             continue
         if by_file is None:
             by_file = _module_names_by_file()

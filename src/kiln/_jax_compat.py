@@ -75,6 +75,13 @@ def trace_context() -> list[tuple[str, str]]:
     return [(n, _ADDR.sub("", repr(v))) for n, v in zip(names, values, strict=True)]
 
 
+def sharding_text(sharding: Any) -> str:
+    """A canonical description of a sharding for keys: its repr without memory addresses,
+    plus the device ids it spans."""
+    ids = sorted(d.id for d in sharding.device_set)
+    return f"{_ADDR.sub('', repr(sharding))}{ids}"
+
+
 def jit_disabled() -> bool:
     """``jax.disable_jit()`` is in force (``jax_disable_jit`` config)."""
     return bool(_jax_config.disable_jit.value)
@@ -138,7 +145,7 @@ class _Pickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, _xc.LoadedExecutable):
             self.executable = obj.client.serialize_executable(obj)
-            return ("exec",)
+            return ("exec", tuple(d.id for d in obj.local_devices()))
         if isinstance(obj, _xc.Device):
             return ("device", obj.id)
         if isinstance(obj, _xc.Client):
@@ -161,7 +168,9 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         kind = pid[0]
         if kind == "exec":
-            devices = _xc.DeviceList(tuple(self._backend.devices()))
+            # the devices the executable was compiled for (one for a single-device program)
+            ids = pid[1] if len(pid) > 1 else tuple(self._by_id)
+            devices = _xc.DeviceList(tuple(self._by_id[i] for i in ids))
             return self._backend.deserialize_executable(
                 self._executable, devices, None, host_callbacks=self._callbacks
             )

@@ -58,6 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ArrayImpl = type(jax.numpy.zeros(()))
 _tree_flatten = jax.tree_util.tree_flatten
+_MULTI_DEVICE = jax.device_count() > 1
 _trace_context_token = _jax_compat.trace_context_token
 _instances: weakref.WeakSet[JitFunction] = weakref.WeakSet()
 
@@ -75,7 +76,8 @@ def _leaf_sig(x: Any) -> Any:
     Python type for Python scalars, None for a tracer, _STATIC_LEAF for a non-JAX value."""
     t = type(x)
     if t is _ArrayImpl:
-        return x.aval
+        # with several devices the sharding (and committed device) picks the executable
+        return (x.aval, x.sharding) if _MULTI_DEVICE else x.aval
     if t in _SCALARS:
         return t
     if _jax_compat.is_tracer(x):
@@ -114,8 +116,11 @@ def _aval_text(sig: Any) -> str:
     """``float32[3]``, ``float32[]~weak``, ``python-float``: canonical, used in keys."""
     if isinstance(sig, type):
         return f"python-{sig.__name__}"
+    sharding = ""
+    if isinstance(sig, tuple):  # (aval, sharding) when there are several devices
+        sig, sharding = sig[0], f"@{_jax_compat.sharding_text(sig[1])}"
     weak = "~weak" if sig.weak_type else ""
-    return f"{np.dtype(sig.dtype).name}{list(sig.shape)}{weak}"
+    return f"{sig.dtype}{list(sig.shape)}{weak}{sharding}"
 
 
 def _treedef_parts(treedef: Any) -> tuple[str, list[tuple[str, Any]]]:

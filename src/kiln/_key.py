@@ -33,6 +33,17 @@ __all__ = ["environment_parts", "make_key"]
 
 logger = logging.getLogger("kiln")
 
+_EXTRA_CONFIG = (
+    "jax_default_prng_impl",
+    "jax_enable_custom_prng",
+    "jax_legacy_prng_key",
+    "jax_default_dtype_bits",
+    "jax_dynamic_shapes",
+    "jax_enable_checks",
+    "jax_debug_nans",
+    "jax_debug_infs",
+)
+
 
 @functools.lru_cache(maxsize=1)
 def _static_environment() -> tuple[tuple[str, str], ...]:
@@ -55,6 +66,9 @@ def environment_parts() -> list[tuple[str, str]]:
     """Key parts describing versions, backend, tracing config and XLA flags (in this order)."""
     parts = list(_static_environment())
     parts += [(f"config:{n}", v) for n, v in _jax_compat.trace_context()]
+    # config that changes tracing but is not in jax's trace context (jax 0.10.2)
+    for name in _EXTRA_CONFIG:
+        parts.append((f"config:{name}", repr(getattr(jax.config, name, None))))
     for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
         parts.append((f"env:{var}", os.environ.get(var, "")))
     return parts
