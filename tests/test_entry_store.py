@@ -110,6 +110,37 @@ def test_index_rebuilt_when_lost_or_corrupt(tmp_path):
     assert fresh.get(_key(1)) == b"x" * 10
 
 
+def test_special_files_at_entry_paths(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    store.put(_key(1), b"x")
+    path = next((tmp_path / "s" / "entries").glob("*/*.kiln"))
+    path.unlink()
+    path.symlink_to("/dev/zero")  # never read through a link (it would never end)
+    with pytest.raises(OSError, match="symlink"):
+        store.get(_key(1))
+    path.unlink()
+    path.mkdir()  # a directory where an entry should be: refused, then replaced by put
+    with pytest.raises(OSError):
+        store.get(_key(1))
+    store.put(_key(1), b"y")
+    assert store.get(_key(1)) == b"y"
+
+
+def test_temp_files_of_killed_writers_are_swept(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    store.put(_key(1), b"x")
+    folder = next((tmp_path / "s" / "entries").iterdir())
+    old = folder / ".0000000000000001.abc.tmp"
+    old.write_bytes(b"half")
+    os.utime(old, (1, 1))  # long ago
+    fresh = folder / ".0000000000000001.def.tmp"
+    fresh.write_bytes(b"half")  # maybe a live writer: kept by put
+    store.put(_key(1), b"z")
+    assert not old.exists() and fresh.exists()
+    store.prune(10**9)
+    assert not fresh.exists()
+
+
 def test_bad_key_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="hex"):
         LocalStore(tmp_path).get("../../etc/passwd")
@@ -207,6 +238,8 @@ def test_precedence_context_over_configure_over_env(monkeypatch, tmp_path):
 def test_default_cache_dir_is_user_cache(monkeypatch):
     kiln.configure(cache_dir=None)
     assert "kiln" in str(kiln.get_config().cache_dir)
+    monkeypatch.setenv("KILN_CACHE_DIR", "")
+    assert kiln.get_config().cache_dir.is_absolute()
     monkeypatch.setenv("KILN_CACHE_DIR", "/tmp/somewhere")
     assert str(kiln.get_config().cache_dir) == "/tmp/somewhere"
 

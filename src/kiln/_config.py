@@ -115,6 +115,8 @@ def _parse_bool(name: str, raw: str) -> bool:
 
 def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
     if name == "cache_dir":
+        if value in (None, ""):
+            return _default_cache_dir()  # KILN_CACHE_DIR="" means the default, not "."
         return Path(value).expanduser()
     if name == "max_size":
         return parse_size(value, name="KILN_MAX_SIZE" if from_env else "max_size")

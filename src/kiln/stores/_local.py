@@ -16,8 +16,11 @@ holds native code, so the store must be private to its user.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import sqlite3
+import stat
 import tempfile
 import threading
 import time
@@ -36,6 +39,18 @@ _SCHEMA = (
     "created REAL NOT NULL, last_used REAL NOT NULL)"
 )
 _HEADER_READ = 1 << 16
+
+
+_TEMP_MAX_AGE = 600.0  # seconds: a temp file older than this belongs to a dead writer
+
+
+def _sweep_temp_files(folder: Path, older_than: float = _TEMP_MAX_AGE) -> None:
+    """Remove ``.*.tmp`` files older than ``older_than`` seconds (left by killed writers)."""
+    now = time.time()
+    for tmp in folder.glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime >= older_than:
+                tmp.unlink()
 
 
 class LocalStore:
@@ -105,11 +120,28 @@ class LocalStore:
             self._rebuild_locked()
 
     # -- protocol ------------------------------------------------------------------------
+    def _read(self, path: Path) -> bytes | None:
+        """The bytes of a regular file at ``path`` (never following a symlink, never reading
+        past the size it had when opened), or None when there is none."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(
+                os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink where an entry should be
+                raise OSError(e.errno, f"entry path is a symlink: {path}") from None
+            raise
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, f"entry path is not a regular file: {path}")
+            return f.read(st.st_size)
+
     def get(self, key: str) -> bytes | None:
         path = self._path(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        data = self._read(path)
+        if data is None:
             return None
         now = time.time()
         with self._lock:
@@ -123,15 +155,15 @@ class LocalStore:
 
     def peek(self, key: str) -> bytes | None:
         """The blob stored under ``key``, or ``None``, without marking it used (for audits)."""
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
+        return self._read(self._path(key))
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         self._ensure_dirs()
         path.parent.mkdir(mode=0o700, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # not an entry: replace it
+        _sweep_temp_files(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -204,8 +236,13 @@ class LocalStore:
     def prune(self, max_size: int, *, dry_run: bool = False) -> list[str]:
         """Evict least recently used entries until the store holds at most ``max_size`` bytes.
 
+        Also removes temporary files left by writers that were killed mid-write.
         Returns the evicted keys (or those that would be, with ``dry_run``).
         """
+        if not dry_run and self._entries.is_dir():
+            for sub in self._entries.iterdir():
+                if sub.is_dir():
+                    _sweep_temp_files(sub, older_than=0.0)
         with self._lock:
             self._conn()
             return self._evict_locked(max_size, keep=None, dry_run=dry_run)
