@@ -196,7 +196,7 @@ class _Walker:
         if self.reason is None:
             self.reason = what
 
-    def value(self, name: str, v: Any) -> None:
+    def value(self, name: str, v: Any, *, lenient: bool = False) -> None:
         if id(v) in self.seen:
             return
         if len(self.parts) > _MAX_ITEMS:
@@ -262,14 +262,14 @@ class _Walker:
             self.value(f"{name}.__wrapped__", wrapped)
             return
         cls = type(v)
-        if _has_file(cls) and is_user_file(inspect.getfile(cls)):
+        if _is_user_class(cls):
             self.klass(cls)  # a user dataclass / object: its methods and class constants too
         try:
             self.add(f"value:{name}", static_digest(v, argname=name))
         except Unpersistable as e:
-            cls = type(v)
-            if callable(v) and not is_user_file(inspect.getfile(cls) if _has_file(cls) else ""):
-                # an instance of a library class (e.g. a jax custom_jvp function): by version.
+            if not _is_user_class(cls) and (callable(v) or lenient):
+                # an instance of a library class (a jax custom_jvp function; a class attribute
+                # such as abc's _abc_impl): counted by the library's version
                 self.add(f"lib:{cls.__module__}", library_version(cls.__module__))
                 return
             self.unsound(f"{name}: {e}")
@@ -317,7 +317,7 @@ class _Walker:
             elif not (attr.startswith("_") and attr.endswith("_")):
                 # class constants (``Cfg.FACTOR``, enum members, frozensets, partials,
                 # modules): by value; what has no value digest makes the walk unsound
-                self.value(f"{mod}.{cls.__qualname__}.{attr}", member)
+                self.value(f"{mod}.{cls.__qualname__}.{attr}", member, lenient=True)
 
     def function(self, fn: types.FunctionType) -> None:
         code = fn.__code__
@@ -370,6 +370,11 @@ class _Walker:
                     self.value(f"{mod.__name__}.{attr}", v)
                     if isinstance(v, types.ModuleType) and _module_is_user(v):
                         modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
+
+
+def _is_user_class(cls: type) -> bool:
+    """Defined in a user file (classes of C extensions and builtins have no file)."""
+    return _has_file(cls) and is_user_file(inspect.getfile(cls))
 
 
 def _has_file(obj: Any) -> bool:
