@@ -44,6 +44,10 @@ from jax._src.lib import _jax as _jaxlib_ext
 # jax._src.lib.xla_client: Client, Device, DeviceList, LoadedExecutable types (jaxlib 0.4+).
 from jax._src.lib import xla_client as _xc
 
+# jaxlib's concrete array class (``jax.Array`` is its abstract base): exact type checks on the
+# hot path. Exposed as xla_client.ArrayImpl since jaxlib 0.4.
+ArrayImpl = _xc.ArrayImpl
+
 __all__ = [
     "Unserializable",
     "trace_context",

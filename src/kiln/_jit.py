@@ -56,9 +56,10 @@ __all__ = ["jit", "JitFunction"]
 logger = logging.getLogger("kiln")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_ArrayImpl = type(jax.numpy.zeros(()))
+_ArrayImpl = _jax_compat.ArrayImpl
 _tree_flatten = jax.tree_util.tree_flatten
-_MULTI_DEVICE = jax.device_count() > 1
+# Set on the first call (not at import: importing kiln must not start the XLA backend).
+_MULTI_DEVICE: bool | None = None
 _trace_context_token = _jax_compat.trace_context_token
 _instances: weakref.WeakSet[JitFunction] = weakref.WeakSet()
 
@@ -398,6 +399,9 @@ class JitFunction:
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """(key, array leaves, dyn_args, dyn_kwargs, statics, static_key, treedef), or None
         under a transformation (a tracer among the leaves)."""
+        global _MULTI_DEVICE
+        if _MULTI_DEVICE is None:
+            _MULTI_DEVICE = jax.device_count() > 1
         if self._static_argnums or self._static_argnames:
             dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
             static_key = self._static_key(statics) if statics else ()
