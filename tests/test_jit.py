@@ -136,6 +136,12 @@ def test_under_transformations_behaves_like_nested_jit():
         np.testing.assert_allclose(f(x), jnp.sin(x) * x)
 
 
+def test_unused_arguments_on_the_fast_path():
+    f = kiln.jit(lambda x, z, unused: x + z)  # XLA prunes `unused` from the executable
+    for _ in range(3):  # the second and third calls take the C++ fast path
+        assert f(jnp.ones(2), jnp.ones(2), jnp.zeros(2)).tolist() == [2.0, 2.0]
+
+
 def test_donate_argnums_runs():
     f = kiln.jit(lambda x, y: x + y, donate_argnums=0)
     with warnings.catch_warnings():

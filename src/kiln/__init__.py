@@ -17,6 +17,8 @@ from ._explain import reset_stats as reset_stats
 from ._explain import stats as stats
 from ._jit import JitFunction as JitFunction
 from ._jit import jit as jit
+from ._noinline import NoinlineFunction as NoinlineFunction
+from ._noinline import noinline as noinline
 
 __version__ = "0.1.0"
 
@@ -27,6 +29,7 @@ __all__ = [
     "JitFunction",
     "KilnError",
     "KilnWarning",
+    "NoinlineFunction",
     "StaticArgumentError",
     "Stats",
     "StoreError",
@@ -36,6 +39,7 @@ __all__ = [
     "configure",
     "get_config",
     "jit",
+    "noinline",
     "reset_stats",
     "stats",
 ]

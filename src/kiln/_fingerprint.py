@@ -52,6 +52,7 @@ _LIB_ROOTS = tuple(
 _KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _MAX_ITEMS = 5000
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict)
+_PyTreeDef = type(jax.tree_util.tree_structure(0))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -247,6 +248,9 @@ class _Walker:
             for k, item in items:
                 self.value(f"{name}[{k!r}]", item)
             return
+        if isinstance(v, _PyTreeDef):
+            self.treedef(name, v)
+            return
         if self.pytree(name, v):
             return
         rules = [r for r in ("fun", "jvp", "fwd", "bwd") if callable(getattr(v, r, None))]
@@ -275,6 +279,20 @@ class _Walker:
             self.unsound(f"{name}: {e}")
         except TypeError as e:
             self.unsound(f"{name}: {e}")
+
+    def treedef(self, name: str, t: Any) -> None:
+        """A pytree structure: node types and aux data, node by node."""
+        data = t.node_data()
+        if data is None:
+            self.add(f"treedef:{name}", "*")
+            return
+        typ, aux = data
+        self.add(f"treedef:{name}", f"{typ.__module__}.{typ.__qualname__}/{t.num_leaves}")
+        self.klass(typ)
+        self.seen.discard(id(aux))
+        self.value(f"{name}.<aux>", aux)
+        for i, child in enumerate(t.children()):
+            self.treedef(f"{name}/{i}", child)
 
     def pytree(self, name: str, v: Any) -> bool:
         """Walk a registered pytree node (equinox Module, diffrax term, ...) one level down."""
@@ -324,6 +342,18 @@ class _Walker:
         if code in self.codes:
             return
         mod = fn.__module__ or "<no module>"
+        if os.path.realpath(code.co_filename).startswith(_KILN_ROOT):
+            # kiln's own wrappers (noinline's flat and derived functions): their code is
+            # covered by kiln's version; what they close over (the user's function, the
+            # pytree structure, batching axes) is walked
+            self.add(f"kiln:{fn.__qualname__}", "")
+            for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
+                try:
+                    contents = cell.cell_contents
+                except ValueError:
+                    continue
+                self.value(f"{mod}.{fn.__qualname__}.<closure {var}>", contents)
+            return
         if not is_user_file(code.co_filename):
             self.add(f"lib:{mod}", library_version(mod))
             return

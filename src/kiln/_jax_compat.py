@@ -361,7 +361,8 @@ def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
     if not same_tree or not all(isinstance(x, _xc.ArrayImpl) for x in out_flat):
         return None
     out_flat, out_tree_dispatch = _pxla.reflatten_outputs_for_dispatch(out_tree, out_flat)
-    n_args = len(executable.in_avals)
+    # all flat arguments, including those XLA pruned as unused (in_avals holds only kept ones)
+    n_args = len(jax.tree_util.tree_leaves(compiled.args_info))
     in_shardings = [
         _sharding_impls.physical_sharding(a, s)
         if a is not _core.abstract_token and _dtypes.issubdtype(a.dtype, _dtypes.extended)

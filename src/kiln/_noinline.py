@@ -1,0 +1,270 @@
+"""``kiln.noinline``: a sub-function compiled once and called by every program that uses it.
+
+XLA inlines every jitted callee and compiles it again inside each caller and at each call site
+(jax-ml/jax #4572, #3847). A ``kiln.noinline`` function is instead compiled once per abstract
+signature, as a :func:`kiln.jit` executable (stored like any other entry), and the outer program
+calls that executable through a host callback, the mechanism ``equinox.internal.noinline`` uses.
+
+This is the first of the mechanisms DESIGN.md lists (host callback; segmented execution and
+tier-up are not implemented yet). Its price is a device -> host -> device round trip per call:
+use it for sub-functions that are expensive to compile and called from many programs or sites.
+
+Transformations are derived functions, each itself compiled once: ``jvp`` (the tangent part of
+``jax.jvp``), the transpose of a linear function (for ``grad`` / ``vjp``), and ``vmap`` (the
+batched function, one per set of batched arguments).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+__all__ = ["noinline", "NoinlineFunction"]
+
+noinline_p = Primitive("kiln_noinline")
+noinline_p.multiple_results = True
+
+
+class _Sub:
+    """One flat function ``(*leaves) -> list of leaves`` with its own kiln.jit executable."""
+
+    def __init__(self, flat_fun: Callable[..., list[Any]], name: str, module: str) -> None:
+        from ._jit import jit
+
+        self.flat_fun = flat_fun
+        self.name = name
+        self.module = module
+        # named after the user's function, so `kiln ls` shows e.g. model.vf[noinline jvp]
+        flat_fun.__name__ = flat_fun.__qualname__ = name  # type: ignore[attr-defined]
+        flat_fun.__module__ = module
+        self.jit = jit(flat_fun)
+        self._out_avals: dict[tuple[Any, ...], list[Any]] = {}
+        self._derived: dict[Any, _Sub] = {}
+        self._lock = threading.Lock()
+
+    def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
+        key = tuple(in_avals)
+        got = self._out_avals.get(key)
+        if got is None:
+            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
+            out = jax.eval_shape(self.flat_fun, *structs)
+            got = self._out_avals[key] = [
+                jax.core.ShapedArray(o.shape, o.dtype) for o in out
+            ]
+        return got
+
+    def derived(self, key: Any, make: Callable[[], _Sub]) -> _Sub:
+        with self._lock:
+            sub = self._derived.get(key)
+            if sub is None:
+                sub = self._derived[key] = make()
+            return sub
+
+    def __call__(self, *leaves: Any) -> list[Any]:
+        return list(self.jit(*leaves))
+
+    def __kiln_digest__(self) -> str:
+        """What this function computes, for the keys of functions derived from it."""
+        from ._fingerprint import fingerprint
+
+        fp = fingerprint(self.flat_fun)
+        if not fp.sound:
+            from ._hashing import Unpersistable
+
+            raise Unpersistable(f"noinline function {self.name}: {fp.reason}")
+        return f"{self.name}:{fp.digest}"
+
+
+def _derived_name(name: str, what: str) -> str:
+    """``vf[noinline]`` -> ``vf[noinline jvp]`` -> ``vf[noinline jvp transpose]``."""
+    return f"{name[:-1]} {what}]"
+
+
+# -- primitive rules ---------------------------------------------------------------------------
+def _impl(*args: Any, fn: _Sub) -> list[Any]:
+    return fn(*args)
+
+
+def _abstract_eval(*avals: Any, fn: _Sub) -> list[Any]:
+    return fn.out_avals([jax.core.ShapedArray(a.shape, a.dtype) for a in avals])
+
+
+def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
+    out_structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
+
+    def host(*xs: Any) -> list[np.ndarray]:
+        return [np.asarray(o) for o in fn(*xs)]
+
+    def call(*xs: Any) -> Any:
+        return jax.pure_callback(host, out_structs, *xs, vmap_method="sequential")
+
+    return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: _Sub) -> Any:
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    n = len(primals)
+
+    def make() -> _Sub:
+        def tangent_part(*pt: Any) -> list[Any]:
+            _, t_out = jax.jvp(fn.flat_fun, tuple(pt[:n]), tuple(pt[n:]))
+            return list(t_out)
+
+        return _Sub(tangent_part, _derived_name(fn.name, "jvp"), fn.module)
+
+    jvp_fn = fn.derived("jvp", make)
+    # primal and tangent outputs are separate binds, so reverse mode can linearize (the tangent
+    # bind is linear in the tangents and gets transposed below)
+    primal_out = noinline_p.bind(*primals, fn=fn)
+    tangent_out = noinline_p.bind(*primals, *tangents, fn=jvp_fn)
+    return primal_out, tangent_out
+
+
+def _transpose(cts: Sequence[Any], *args: Any, fn: _Sub) -> list[Any]:
+    linear = tuple(ad.is_undefined_primal(a) for a in args)
+    known = [a for a, lin in zip(args, linear, strict=True) if not lin]
+    lin_shapes = tuple(
+        (tuple(a.aval.shape), str(a.aval.dtype))
+        for a, lin in zip(args, linear, strict=True) if lin
+    )
+    cts = [ad.instantiate_zeros(c) for c in cts]
+    n_known = len(known)
+
+    def make() -> _Sub:
+        def transposed(*kc: Any) -> list[Any]:
+            k, c = kc[:n_known], kc[n_known:]
+
+            def of_linear(*lin_args: Any) -> list[Any]:
+                it_k, it_l = iter(k), iter(lin_args)
+                full = [next(it_l) if lin else next(it_k) for lin in linear]
+                return fn.flat_fun(*full)
+
+            zeros = [np.zeros(shape, dtype) for shape, dtype in lin_shapes]
+            _, vjp = jax.vjp(of_linear, *zeros)
+            return list(vjp(list(c)))
+
+        return _Sub(transposed, _derived_name(fn.name, "transpose"), fn.module)
+
+    t_fn = fn.derived(("transpose", linear, lin_shapes), make)
+    ct_lin = iter(noinline_p.bind(*known, *cts, fn=t_fn))
+    return [next(ct_lin) if lin else None for lin in linear]
+
+
+def _batch(args: Sequence[Any], dims: Sequence[Any], *, fn: _Sub) -> Any:
+    axes = tuple(None if d is None else 0 for d in dims)  # None: not batched
+    args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
+            for a, d in zip(args, dims, strict=True)]
+
+    def make() -> _Sub:
+        def batched(*xs: Any) -> Any:
+            return jax.vmap(fn.flat_fun, in_axes=axes)(*xs)
+
+        return _Sub(batched, _derived_name(fn.name, f"vmap{list(axes)}"), fn.module)
+
+    v_fn = fn.derived(("vmap", axes), make)
+    outs = noinline_p.bind(*args, fn=v_fn)
+    return outs, [0] * len(outs)
+
+
+noinline_p.def_impl(_impl)
+noinline_p.def_abstract_eval(_abstract_eval)
+mlir.register_lowering(noinline_p, _lowering)
+ad.primitive_jvps[noinline_p] = _jvp
+ad.primitive_transposes[noinline_p] = _transpose
+batching.primitive_batchers[noinline_p] = _batch
+
+
+# -- public wrapper ---------------------------------------------------------------------------
+class _OutTree(dict[str, Any]):
+    """Where a flat function leaves its output pytree structure; not part of any key."""
+
+    def __kiln_digest__(self) -> bytes:
+        return b"out-tree-holder"
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+class NoinlineFunction:
+    """A function compiled once per abstract signature and called, not inlined, by every
+    program that uses it. Create with :func:`kiln.noinline`."""
+
+    def __init__(self, fun: Callable[..., Any], *, static_argnames: Sequence[str] = ()) -> None:
+        if not callable(fun):
+            raise TypeError(f"kiln.noinline: fun must be callable, got {fun!r}")
+        functools.update_wrapper(self, fun)
+        self._fun = fun
+        self._static_argnames = frozenset(
+            (static_argnames,) if isinstance(static_argnames, str) else static_argnames
+        )
+        self._subs: dict[Any, tuple[_Sub, _OutTree]] = {}
+        self._lock = threading.Lock()
+
+    def _sub(self, treedef: Any, statics: dict[str, Any], static_key: Any) -> Any:
+        key = (treedef, static_key)
+        with self._lock:
+            got = self._subs.get(key)
+            if got is None:
+                out = _OutTree()
+                fun = self._fun
+
+                def flat(*leaves: Any) -> list[Any]:
+                    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+                    result = fun(*args, **kwargs, **statics)
+                    out_leaves, out["tree"] = jax.tree_util.tree_flatten(result)
+                    return out_leaves
+
+                name = f"{getattr(fun, '__qualname__', 'fun')}[noinline]"
+                module = getattr(fun, "__module__", None) or "__main__"
+                got = self._subs[key] = (_Sub(flat, name, module), out)
+            return got
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from ._hashing import static_digest
+
+        statics = {k: kwargs.pop(k) for k in list(kwargs) if k in self._static_argnames}
+        static_key = tuple(
+            (k, static_digest(v, argname=k)) for k, v in sorted(statics.items())
+        )
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        sub, out = self._sub(treedef, statics, static_key)
+        if "tree" not in out:
+            sub.out_avals([jax.typeof(x) for x in leaves])
+        return jax.tree_util.tree_unflatten(out["tree"], noinline_p.bind(*leaves, fn=sub))
+
+
+def noinline(
+    fun: Callable[..., Any] | None = None, *, static_argnames: str | Sequence[str] = ()
+) -> Any:
+    """Compile ``fun`` once per abstract signature; every caller calls that executable.
+
+    Args:
+        fun: a function of pytrees of arrays (outputs: pytrees of arrays).
+        static_argnames: keyword arguments passed by value (hashed as :func:`kiln.jit`
+            hashes static arguments).
+
+    Returns:
+        A :class:`NoinlineFunction` (or a decorator making one when ``fun`` is None).
+
+    Works under ``jax.jit`` / ``kiln.jit``, ``grad``, ``jvp``, ``vjp``, ``vmap``, ``scan``,
+    ``while_loop`` and ``cond``; each derived function (tangent, transpose, batched) is compiled
+    once too. Each call costs a host round trip (a host callback), so prefer it for sub-functions
+    whose compile time dominates.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, kiln
+        >>> @kiln.noinline
+        ... def layer(x):
+        ...     return jnp.tanh(x) * 2.0
+        >>> f = jax.jit(lambda x: layer(layer(x)).sum())
+        >>> round(float(f(jnp.ones(3))), 4)
+        5.4555
+    """
+    if fun is None:
+        return lambda f: NoinlineFunction(f, static_argnames=static_argnames)
+    return NoinlineFunction(fun, static_argnames=static_argnames)

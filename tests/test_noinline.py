@@ -1,0 +1,125 @@
+"""kiln.noinline: compiled once, called by every program; transforms equal the inlined version."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kiln
+
+
+def _vf_inlined(y, a):
+    return jnp.sin(y) * a
+
+
+vf = kiln.noinline(_vf_inlined)
+
+
+def _outer(v, y, a, sites=5):
+    for _ in range(sites):
+        y = v(y, a)
+    return (y**2).sum()
+
+
+Y = jnp.linspace(0.1, 1.0, 3)
+A = 1.5 * jnp.ones(3)
+
+
+def test_many_call_sites_and_programs_compile_it_once():
+    before = kiln.stats().compiles
+    p1 = jax.jit(lambda y, a: _outer(vf, y, a, sites=8))
+    p2 = kiln.jit(lambda y, a: _outer(vf, y, a, sites=3) + 1.0)
+    np.testing.assert_allclose(p1(Y, A), _outer(_vf_inlined, Y, A, 8), rtol=1e-6)
+    np.testing.assert_allclose(p2(Y, A), _outer(_vf_inlined, Y, A, 3) + 1.0, rtol=1e-6)
+    # vf once (8 + 3 call sites, 2 programs) + the kiln.jit outer program p2
+    assert kiln.stats().compiles - before == 2
+
+
+@pytest.mark.parametrize("wrap", [lambda f: f, jax.jit], ids=["eager", "jit"])
+def test_grad_jvp_vjp_vmap_scan_equal_inlined(wrap):
+    def both(fun):
+        return fun(vf), fun(_vf_inlined)
+
+    grads = both(lambda v: wrap(jax.grad(lambda y, a: _outer(v, y, a), argnums=(0, 1)))(Y, A))
+    for g_noinline, g_inlined in zip(*grads, strict=True):
+        np.testing.assert_allclose(g_noinline, g_inlined, rtol=1e-5)
+    jvps = both(lambda v: wrap(lambda y: jax.jvp(lambda y: _outer(v, y, A), (y,), (Y,)))(Y))
+    np.testing.assert_allclose(jvps[0][1], jvps[1][1], rtol=1e-5)
+    vjps = both(lambda v: jax.vjp(lambda y: v(y, A), Y)[1](jnp.ones(3))[0])
+    np.testing.assert_allclose(vjps[0], vjps[1], rtol=1e-5)
+    vmaps = both(lambda v: wrap(jax.vmap(lambda y: _outer(v, y, A)))(jnp.ones((4, 3))))
+    np.testing.assert_allclose(vmaps[0], vmaps[1], rtol=1e-6)
+    scans = both(lambda v: wrap(lambda y: jax.lax.scan(
+        lambda c, _: (v(c, A), None), y, None, length=4)[0])(Y))
+    np.testing.assert_allclose(scans[0], scans[1], rtol=1e-6)
+
+
+def test_while_cond_and_nested():
+    inner = kiln.noinline(lambda x: x * 0.5)
+    outer = kiln.noinline(lambda x: inner(x) + 1.0)
+
+    def run(f):
+        def body(c):
+            i, x = c
+            return i + 1, jax.lax.cond(x.sum() > 1.0, f, lambda x: x, x)
+        return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, jnp.full(2, 4.0)))[1]
+
+    np.testing.assert_allclose(jax.jit(lambda: run(outer))(), run(lambda x: x * 0.5 + 1.0))
+
+
+def test_derived_functions_compile_once_each():
+    w = kiln.noinline(lambda x: jnp.tanh(x) * 3.0)
+    loss = jax.jit(jax.grad(lambda x: (w(x) ** 2).sum()))
+    before = kiln.stats().compiles
+    loss(Y)
+    first = kiln.stats().compiles - before
+    loss2 = jax.jit(jax.grad(lambda x: (w(x) ** 2).sum() * 2.0))
+    loss2(Y)
+    # a second program needs only its own outer executable: w, its tangent and transpose exist
+    assert kiln.stats().compiles - before == first
+    # reverse mode runs w and the transpose of its tangent part; the tangent part itself is
+    # only transposed, never run, so it is never compiled
+    assert first == 2
+
+
+def test_static_argnames_and_bad_input():
+    p = kiln.noinline(lambda x, n: x**n, static_argnames="n")
+    assert jax.jit(lambda x: p(x, n=3))(jnp.full(2, 2.0)).tolist() == [8.0, 8.0]
+    with pytest.raises(TypeError, match="must be callable"):
+        kiln.noinline(3)
+
+
+NOINLINE_PROG = r'''
+import json, jax, jax.numpy as jnp, kiln
+vf = kiln.noinline(lambda y, a: jnp.sin(y) * a)
+y, a = jnp.linspace(0.1, 1.0, 3), 1.5 * jnp.ones(3)
+g = jax.jit(jax.grad(lambda y: (vf(vf(y, a), a) ** 2).sum()))(y)
+v = jax.jit(jax.vmap(lambda y: vf(y, a).sum()))(jnp.ones((4, 3)))
+s = kiln.stats()
+print(json.dumps({"g": g.tolist(), "v": v.tolist(), "hits": s.hits, "misses": s.misses,
+                  "compiles": s.compiles}))
+'''
+
+
+@pytest.mark.slow
+def test_noinline_executables_persist_across_processes(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def run():
+        proc = subprocess.run([sys.executable, "-c", NOINLINE_PROG], env=env, text=True,
+                              capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold, warm = run(), run()
+    assert cold["misses"] >= 3 and cold["hits"] == 0  # vf, its transpose, its vmap
+    assert warm["compiles"] == 0 and warm["hits"] == cold["misses"]
+    assert warm["g"] == cold["g"] and warm["v"] == cold["v"]
