@@ -1,0 +1,115 @@
+"""Benchmark: compile time vs number of call sites, and per-call runtime, of a noinline
+sub-function: ``kiln.noinline`` vs plain ``jax.jit`` (inlined) vs ``equinox.internal.noinline``.
+
+Run from the repository root (a few minutes; ``--quick`` for a noisy smoke test):
+
+    python benchmarks/noinline.py [--quick] [--json PATH]
+
+The sub-function is a 20-layer tanh MLP step on float32[64]; the outer program calls it N times
+in sequence (N = 1, 4, 16, 64). Each measurement runs in a fresh process with an empty kiln store
+(so kiln's figure includes compiling the sub-function once); "compile" is the wall time of the
+first call (trace + lower + compile + run), "run" the median per-call time of the compiled
+outer program afterwards. Median of REPS processes per point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+WORKER = r'''
+import json, sys, time
+import jax, jax.numpy as jnp
+mode, n = sys.argv[1], int(sys.argv[2])
+import kiln
+import equinox.internal as eqxi
+
+def layer_stack(x, w):
+    for i in range(20):
+        x = jnp.tanh(x * w[i] + 0.1 * i)
+    return x
+
+if mode == "kiln":
+    sub = kiln.noinline(layer_stack)
+elif mode == "equinox":
+    sub = eqxi.noinline(layer_stack)
+else:
+    sub = layer_stack
+
+@jax.jit
+def outer(x, w):
+    for _ in range(n):
+        x = sub(x, w)
+    return x
+
+x, w = jnp.ones(64), jnp.full((20, 64), 0.5)
+t0 = time.perf_counter(); jax.block_until_ready(outer(x, w)); first = time.perf_counter() - t0
+runs = []
+for _ in range(20):
+    t0 = time.perf_counter()
+    jax.block_until_ready(outer(x, w))
+    runs.append(time.perf_counter() - t0)
+runs.sort()
+print(json.dumps({"first_s": first, "run_s": runs[len(runs) // 2]}))
+'''
+
+
+def measure(mode: str, n: int, reps: int) -> tuple[float, float]:
+    firsts, runs = [], []
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory() as d:
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
+            env["KILN_CACHE_DIR"] = d
+            out = subprocess.run([sys.executable, "-c", WORKER, mode, str(n)], env=env,
+                                 capture_output=True, text=True, timeout=600, check=True)
+            rec = json.loads(out.stdout.strip().splitlines()[-1])
+            firsts.append(rec["first_s"])
+            runs.append(rec["run_s"])
+    return statistics.median(firsts), statistics.median(runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    print("$ " + shlex.join([sys.executable, *sys.argv]))
+    reps = 1 if args.quick else 5
+    sites = [1, 4, 16] if args.quick else [1, 4, 16, 64]
+    results: dict[str, dict[int, tuple[float, float]]] = {}
+    for mode in ("jax", "kiln", "equinox"):
+        results[mode] = {}
+        for n in sites:
+            results[mode][n] = measure(mode, n, reps)
+            first, run = results[mode][n]
+            print(f"  {mode:8s} N={n:3d}: first call {first:7.3f} s, run {run * 1e6:9.1f} us",
+                  flush=True)
+    print(f"\nmedian of {reps} fresh processes per point")
+    print(f"{'N':>4} {'jax.jit first':>14} {'kiln first':>11} {'eqx first':>10}"
+          f" {'jax run':>10} {'kiln run':>10} {'eqx run':>10}")
+    for n in sites:
+        j, k, e = results["jax"][n], results["kiln"][n], results["equinox"][n]
+        print(f"{n:>4} {j[0]:>13.3f}s {k[0]:>10.3f}s {e[0]:>9.3f}s"
+              f" {j[1] * 1e6:>8.1f}us {k[1] * 1e6:>8.1f}us {e[1] * 1e6:>8.1f}us")
+    top = sites[-1]
+    k1, kn = results["kiln"][1][0], results["kiln"][top][0]
+    print(f"\nkiln first call N={top} / N=1: {kn / k1:.2f}x (target <= 1.2x)")
+    jax_ratio = results["jax"][top][0] / results["jax"][1][0]
+    print(f"jax.jit first call N={top} / N=1: {jax_ratio:.2f}x")
+    kiln_rt = results["kiln"][top][1] / results["jax"][top][1]
+    eqx_rt = results["equinox"][top][1] / results["jax"][top][1]
+    print(f"runtime at N={top}: kiln / jax.jit {kiln_rt:.1f}x, equinox / jax.jit {eqx_rt:.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({m: {str(n): v for n, v in r.items()} for m, r in results.items()}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
