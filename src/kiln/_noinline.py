@@ -97,15 +97,18 @@ def _abstract_eval(*avals: Any, fn: _Sub) -> list[Any]:
 
 
 def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
-    out_structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
-
+    # ``mlir.emit_python_callback`` (what equinox's noinline uses) rather than
+    # ``jax.pure_callback``: measured here, 295 us vs 109 us per call of a tiny sub-function,
+    # since pure_callback adds its own argument conversion and device context per call
     def host(*xs: Any) -> list[np.ndarray]:
         return [np.asarray(o) for o in fn(*xs)]
 
-    def call(*xs: Any) -> Any:
-        return jax.pure_callback(host, out_structs, *xs, vmap_method="sequential")
-
-    return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+    result, _, keepalive = mlir.emit_python_callback(
+        ctx, host, None, list(args), ctx.avals_in, ctx.avals_out,
+        has_side_effect=False, sharding=None,
+    )
+    ctx.module_context.add_keepalive(keepalive)
+    return result
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: _Sub) -> Any:
