@@ -137,6 +137,8 @@ def test_under_transformations_behaves_like_nested_jit():
 
 
 def test_unused_arguments_on_the_fast_path():
+    """Values stay right when XLA prunes an argument. (The fast-path bug with pruned arguments,
+    counting them from in_avals, showed only in tests/test_noinline.py's grad under jit.)"""
     f = kiln.jit(lambda x, z, unused: x + z)  # XLA prunes `unused` from the executable
     for _ in range(3):  # the second and third calls take the C++ fast path
         assert f(jnp.ones(2), jnp.ones(2), jnp.zeros(2)).tolist() == [2.0, 2.0]
