@@ -30,8 +30,9 @@ def kiln_store(tmp_path, monkeypatch):
     kiln.configure(cache_dir=cache, store=None, verify=_VERIFY)
     kiln.reset_stats()
     yield cache
+    assert kiln.wait_for_tier_up(timeout=300), "a background tier-up compile did not finish"
     kiln.configure(cache_dir=None, store=None, verify=None, explain=None, strict=None,
-                   signing_key=None, max_size=None, progress=None)
+                   signing_key=None, max_size=None, progress=None, tier_up=None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ._jit import JitFunction as JitFunction
 from ._jit import jit as jit
 from ._noinline import NoinlineFunction as NoinlineFunction
 from ._noinline import noinline as noinline
+from ._tier_up import wait_for_tier_up as wait_for_tier_up
 
 __version__ = "0.1.0"
 
@@ -42,4 +43,5 @@ __all__ = [
     "noinline",
     "reset_stats",
     "stats",
+    "wait_for_tier_up",
 ]

@@ -47,6 +47,9 @@ class Config:
             SHA-256 digest, and entries not signed with it are refused.
         progress: show a progress line on stderr while a compile runs longer than ~1.5 s
             (``None``: only when stderr is a terminal).
+        tier_up: under :func:`kiln.jit`, a program that calls :func:`kiln.noinline` functions
+            first runs with those calls as host callbacks, while the fully inlined program
+            compiles in a background thread and is then swapped in and stored (default on).
     """
 
     cache_dir: Path
@@ -57,6 +60,7 @@ class Config:
     strict: bool = False
     signing_key: str | None = None
     progress: bool | None = None
+    tier_up: bool = True
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -120,7 +124,7 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
         return Path(value).expanduser()
     if name == "max_size":
         return parse_size(value, name="KILN_MAX_SIZE" if from_env else "max_size")
-    if name in ("explain", "verify", "strict"):
+    if name in ("explain", "verify", "strict", "tier_up"):
         return _parse_bool(name, value) if from_env else bool(value)
     if name == "progress":
         if value is None:

@@ -43,6 +43,9 @@ class Stats:
         load_seconds: seconds spent loading (deserializing) entries.
         bad_entries: corrupt / foreign / tampered entries seen (each replaced).
         stores_written: entries written.
+        noinline_calls: host round trips into :func:`kiln.noinline` executables (one per call
+            site executed, while a program runs in its not-inlined form).
+        tier_ups: inlined programs compiled in the background and swapped in (tier-up).
         reasons: count of miss reasons by kind.
     """
 
@@ -56,6 +59,8 @@ class Stats:
     load_seconds: float = 0.0
     bad_entries: int = 0
     stores_written: int = 0
+    noinline_calls: int = 0
+    tier_ups: int = 0
     reasons: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:

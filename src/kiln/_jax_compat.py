@@ -158,6 +158,9 @@ class _Pickler(pickle.Pickler):
             return ("devices", tuple(d.id for d in obj))
         if obj is self._callbacks:
             return ("callbacks",)
+        for i, cb in enumerate(self._callbacks):
+            if obj is cb:  # a callback also held elsewhere (emit_python_callback's keepalive)
+                return ("callback", i)
         return _singleton_id(obj)
 
 
@@ -186,6 +189,8 @@ class _Unpickler(pickle.Unpickler):
             return _xc.DeviceList(tuple(self._by_id[i] for i in pid[1]))
         if kind == "callbacks":
             return self._callbacks
+        if kind == "callback":
+            return self._callbacks[pid[1]]
         if kind == "global":
             return _load_singleton(pid)
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
@@ -268,6 +273,15 @@ def load_compiled(
     ).load()
     tree = stored_tree if out_tree is None else out_tree
     return _stages.Compiled(unloaded.load(), [], args_info, tree, no_kwargs=no_kwargs)
+
+
+def with_out_tree(compiled: jax.stages.Compiled, out_tree: Any) -> jax.stages.Compiled:
+    """``compiled`` returning ``out_tree`` (its flat outputs unflattened): tier-up compiles a
+    program from its flat jaxpr and gives it the first executable's output structure."""
+    return _stages.Compiled(
+        compiled._executable, compiled._params.const_args, compiled.args_info, out_tree,
+        no_kwargs=compiled._no_kwargs,
+    )
 
 
 _cpu_kernels_ready = False

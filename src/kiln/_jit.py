@@ -41,7 +41,7 @@ from typing import Any, TypeVar, overload
 import jax
 import numpy as np
 
-from . import _explain, _jax_compat
+from . import _explain, _jax_compat, _noinline, _tier_up
 from ._config import Config, get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StaticArgumentError, StoreError, StoreWarning, VerifyError
@@ -226,6 +226,7 @@ class JitFunction:
         self._seen: list[Any] = []
         self._inline: dict[Any, Callable[..., Any]] = {}
         self._hot_calls = 0
+        self._tier_up = True  # False for kiln.noinline's own executables
         self._has_statics = bool(self._static_argnums or self._static_argnames)
         _instances.add(self)
         self._lock = threading.RLock()
@@ -536,6 +537,8 @@ class JitFunction:
             compiled = miss.run()
             self._table[key] = compiled
             self._seen.append(key)
+            if miss.tier_up:
+                _tier_up.start(miss, key)
             return compiled
 
     def _memory_miss_reason(
@@ -640,6 +643,12 @@ class _Miss:
         statics = statics + tuple((("leaf", i), x) for i, x in static_leaves.items())
         self.store: Store = open_store(cfg)
         self.lowered: jax.stages.Lowered | None = None
+        self.traced: jax.stages.Traced | None = None
+        # tier-up (kiln._tier_up): set when this program calls kiln.noinline functions and its
+        # inlined form should be compiled in the background; key / manifest of the entry
+        self.tier_up = False
+        self.key: str | None = None
+        self.fp_key: str | None = None
         self.lowered_digest: str | None = None
         self.lapack = True
         self.calls: set[Any] = set()
@@ -705,7 +714,7 @@ class _Miss:
     def _trace_lower(self) -> jax.stages.Lowered:
         if self.lowered is None:
             t0 = time.perf_counter()
-            traced = self.jitted.trace(*self.leaves)
+            traced = self.traced = self.jitted.trace(*self.leaves)
             self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr)
             _explain.bump(traces=1)
             self.lowered = traced.lower()
@@ -723,6 +732,7 @@ class _Miss:
     def run(self) -> Any:
         t_start = time.perf_counter()
         fp_key = None if self.unsound else make_key(self.base_parts + self.fp_parts)
+        self.fp_key = fp_key
         if fp_key is not None:
             got = self._load(fp_key, t_start)
             if got is not None and got is not _VERIFY_ONLY:
@@ -776,6 +786,9 @@ class _Miss:
         header = entry.header
         if header.get("kind") == "verify-only":
             return _VERIFY_ONLY
+        if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._tier_up:
+            # stored before its inlined form was ready: tier up in this process
+            self.tier_up, self.key = True, key
         changed = check_manifest(header.get("manifest") or [])
         if changed is not None:
             self._explain("manifest", f"stored entry is stale: {changed}")
@@ -857,9 +870,30 @@ class _Miss:
             self._explain("persistent-miss",
                           "closest stored entry differs in: " + "; ".join(best[:8]))
 
+    def _tier_up_candidate(self) -> bool:
+        """Whether this (traced) program calls kiln.noinline functions that tier-up would
+        inline (and is small enough once inlined); whether tier-up is on is separate."""
+        if not self.jf._tier_up or self.traced is None:
+            return False
+        jaxpr = self.traced.jaxpr.jaxpr
+        if not _noinline.calls_in(jaxpr):
+            return False
+        size = _noinline.inlined_size(jaxpr)
+        if size > _tier_up.MAX_EQUATIONS:
+            self._explain(
+                "tier-up",
+                f"no tier-up: inlined, the program would have {size} equations (more than "
+                f"{_tier_up.MAX_EQUATIONS}); it keeps calling its noinline functions",
+            )
+            return False
+        return True
+
     def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
         self._log_memory_reason()
         lowered = self._trace_lower()
+        self.key = key
+        candidate = self._tier_up_candidate()
+        self.tier_up = candidate and self.cfg.tier_up
         t0 = time.perf_counter()
         with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
             compiled = lowered.compile()
@@ -875,7 +909,17 @@ class _Miss:
         except _jax_compat.Unserializable as e:
             self._explain("unstorable", f"executable not stored: {e}")
             return result
-        header = {
+        header = self._header(mode, manifest, total, compile_s)
+        if candidate:
+            header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
+        self._put(key, header, sections)
+        return result
+
+    def _header(
+        self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float
+    ) -> dict[str, Any]:
+        """The header of an executable entry (``manifest`` None: keyed by the lowered module)."""
+        return {
             "kind": "executable",
             "function": f"{self.jf._module}.{self.jf._name}",
             "signature": self.signature,
@@ -890,8 +934,6 @@ class _Miss:
             "trace_seconds": self.trace_seconds,
             "created": time.time(),
         }
-        self._put(key, header, sections)
-        return result
 
     def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
         if key is None:

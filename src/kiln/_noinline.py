@@ -16,15 +16,19 @@ batched function, one per set of batched arguments).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+import jax.extend.core as jex
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
+
+from . import _explain
 
 __all__ = ["noinline", "NoinlineFunction"]
 
@@ -35,29 +39,60 @@ noinline_p.multiple_results = True
 class _Sub:
     """One flat function ``(*leaves) -> list of leaves`` with its own kiln.jit executable."""
 
-    def __init__(self, flat_fun: Callable[..., list[Any]], name: str, module: str) -> None:
+    def __init__(
+        self, flat_fun: Callable[..., list[Any]], name: str, module: str, *, tier_up: bool = True
+    ) -> None:
         from ._jit import jit
 
         self.flat_fun = flat_fun
         self.name = name
         self.module = module
+        self.tier_up = tier_up
         # named after the user's function, so `kiln ls` shows e.g. model.vf[noinline jvp]
         flat_fun.__name__ = flat_fun.__qualname__ = name  # type: ignore[attr-defined]
         flat_fun.__module__ = module
         self.jit = jit(flat_fun)
-        self._out_avals: dict[tuple[Any, ...], list[Any]] = {}
+        # its callers tier up; the sub-function's own executable stays as it is
+        self.jit._tier_up = False
+        self._jaxprs: dict[tuple[Any, ...], Any] = {}
+        self._inline_fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._sizes: dict[tuple[Any, ...], int] = {}
         self._derived: dict[Any, _Sub] = {}
         self._lock = threading.Lock()
 
-    def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
+    def jaxpr(self, in_avals: Sequence[Any]) -> Any:
+        """The closed jaxpr of this function at ``in_avals`` (traced once per signature)."""
         key = tuple(in_avals)
-        got = self._out_avals.get(key)
+        got = self._jaxprs.get(key)
         if got is None:
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
-            out = jax.eval_shape(self.flat_fun, *structs)
-            got = self._out_avals[key] = [
-                jax.core.ShapedArray(o.shape, o.dtype) for o in out
-            ]
+            got = self._jaxprs[key] = jax.make_jaxpr(self.flat_fun)(*structs)
+        return got
+
+    def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
+        return [jax.core.ShapedArray(o.shape, o.dtype) for o in self.jaxpr(in_avals).out_avals]
+
+    def inline_fn(self, in_avals: Sequence[Any]) -> Callable[..., Any]:
+        """A ``jax.jit`` of this function's jaxpr: what tier-up lowers in place of the callback
+        (one outlined function per program, like a nested ``jax.jit``)."""
+        key = tuple(in_avals)
+        got = self._inline_fns.get(key)
+        if got is None:
+            run = jex.jaxpr_as_fun(self.jaxpr(in_avals))
+
+            def inlined(*xs: Any) -> Any:
+                return run(*xs)
+
+            inlined.__name__ = inlined.__qualname__ = self.name.replace("[noinline", "[inlined")
+            got = self._inline_fns[key] = jax.jit(inlined)
+        return got
+
+    def inlined_size(self, in_avals: Sequence[Any]) -> int:
+        """Equations in this function once every tier-up noinline call in it is inlined."""
+        key = tuple(in_avals)
+        got = self._sizes.get(key)
+        if got is None:
+            got = self._sizes[key] = inlined_size(self.jaxpr(in_avals).jaxpr)
         return got
 
     def derived(self, key: Any, make: Callable[[], _Sub]) -> _Sub:
@@ -93,14 +128,24 @@ def _impl(*args: Any, fn: _Sub) -> list[Any]:
 
 
 def _abstract_eval(*avals: Any, fn: _Sub) -> list[Any]:
-    return fn.out_avals([jax.core.ShapedArray(a.shape, a.dtype) for a in avals])
+    return fn.out_avals(_avals(avals))
+
+
+def _avals(avals: Sequence[Any]) -> list[Any]:
+    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
 
 
 def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
+    if fn.tier_up and getattr(_inlining, "on", False):
+        # tier-up (kiln._tier_up): the sub-function's own jaxpr, as a nested jax.jit would be
+        inline = fn.inline_fn(_avals(ctx.avals_in))
+        return mlir.lower_fun(inline, multiple_results=True)(ctx, *args)
+
     # ``mlir.emit_python_callback`` (what equinox's noinline uses) rather than
     # ``jax.pure_callback``: measured here, 295 us vs 109 us per call of a tiny sub-function,
     # since pure_callback adds its own argument conversion and device context per call
     def host(*xs: Any) -> list[np.ndarray]:
+        _explain.bump(noinline_calls=1)
         return [np.asarray(o) for o in fn(*xs)]
 
     result, _, keepalive = mlir.emit_python_callback(
@@ -109,6 +154,67 @@ def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
     )
     ctx.module_context.add_keepalive(keepalive)
     return result
+
+
+# -- tier-up support ----------------------------------------------------------------------------
+_inlining = threading.local()
+
+
+@contextlib.contextmanager
+def inlining() -> Iterator[None]:
+    """Lower ``kiln_noinline`` calls (of functions with ``tier_up=True``) inline, in this
+    thread, for the duration of the block."""
+    before = getattr(_inlining, "on", False)
+    _inlining.on = True
+    try:
+        yield
+    finally:
+        _inlining.on = before
+
+
+def _walk(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and its sub-jaxprs (scan / while / cond / pjit bodies), but
+    not inside noinline calls."""
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            yield eqn
+            stack.extend(getattr(s, "jaxpr", s) for s in jex.jaxprs_in_params(eqn.params))
+
+
+def inlined_size(jaxpr: Any) -> int:
+    """Equations of ``jaxpr`` once its tier-up noinline calls are inlined, counting each call
+    site (XLA inlines every call): a recursive ``fib(t)`` grows exponentially with ``t``."""
+    total = 0
+    for eqn in _walk(jaxpr):
+        fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
+        if fn is not None and fn.tier_up:
+            total += fn.inlined_size(_avals([v.aval for v in eqn.invars]))
+        else:
+            total += 1
+    return total
+
+
+def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
+    """``(sub-function, its closed jaxpr)`` for every tier-up noinline function that inlining
+    ``jaxpr`` would bring in, nested calls included (each once)."""
+    out: dict[tuple[int, tuple[Any, ...]], tuple[_Sub, Any]] = {}
+    stack = [jaxpr]
+    while stack:
+        for eqn in _walk(stack.pop()):
+            fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
+            if fn is None or not fn.tier_up:
+                continue
+            avals = tuple(_avals([v.aval for v in eqn.invars]))
+            if (id(fn), avals) not in out:
+                closed = fn.jaxpr(avals)
+                out[(id(fn), avals)] = (fn, closed)
+                stack.append(closed.jaxpr)
+    return list(out.values())
 
 
 def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: _Sub) -> Any:
@@ -120,7 +226,7 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: _Sub) -> Any:
             _, t_out = jax.jvp(fn.flat_fun, tuple(pt[:n]), tuple(pt[n:]))
             return list(t_out)
 
-        return _Sub(tangent_part, _derived_name(fn.name, "jvp"), fn.module)
+        return _Sub(tangent_part, _derived_name(fn.name, "jvp"), fn.module, tier_up=fn.tier_up)
 
     jvp_fn = fn.derived("jvp", make)
     # primal and tangent outputs are separate binds, so reverse mode can linearize (the tangent
@@ -153,7 +259,7 @@ def _transpose(cts: Sequence[Any], *args: Any, fn: _Sub) -> list[Any]:
             _, vjp = jax.vjp(of_linear, *zeros)
             return list(vjp(list(c)))
 
-        return _Sub(transposed, _derived_name(fn.name, "transpose"), fn.module)
+        return _Sub(transposed, _derived_name(fn.name, "transpose"), fn.module, tier_up=fn.tier_up)
 
     t_fn = fn.derived(("transpose", linear, lin_shapes), make)
     ct_lin = iter(noinline_p.bind(*known, *cts, fn=t_fn))
@@ -169,7 +275,7 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], *, fn: _Sub) -> Any:
         def batched(*xs: Any) -> Any:
             return jax.vmap(fn.flat_fun, in_axes=axes)(*xs)
 
-        return _Sub(batched, _derived_name(fn.name, f"vmap{list(axes)}"), fn.module)
+        return _Sub(batched, _derived_name(fn.name, f"vmap{list(axes)}"), fn.module, tier_up=fn.tier_up)
 
     v_fn = fn.derived(("vmap", axes), make)
     outs = noinline_p.bind(*args, fn=v_fn)
@@ -197,9 +303,18 @@ class NoinlineFunction:
     """A function compiled once per abstract signature and called, not inlined, by every
     program that uses it. Create with :func:`kiln.noinline`."""
 
-    def __init__(self, fun: Callable[..., Any], *, static_argnames: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        static_argnames: str | Sequence[str] = (),
+        tier_up: bool = True,
+    ) -> None:
         if not callable(fun):
             raise TypeError(f"kiln.noinline: fun must be callable, got {fun!r}")
+        if not isinstance(tier_up, bool):
+            raise TypeError(f"kiln.noinline: tier_up must be True or False, got {tier_up!r}")
+        self._tier_up = tier_up
         functools.update_wrapper(self, fun)
         self._fun = fun
         self._static_argnames = frozenset(
@@ -224,7 +339,7 @@ class NoinlineFunction:
 
                 name = f"{getattr(fun, '__qualname__', 'fun')}[noinline]"
                 module = getattr(fun, "__module__", None) or "__main__"
-                got = self._subs[key] = (_Sub(flat, name, module), out)
+                got = self._subs[key] = (_Sub(flat, name, module, tier_up=self._tier_up), out)
             return got
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -242,7 +357,10 @@ class NoinlineFunction:
 
 
 def noinline(
-    fun: Callable[..., Any] | None = None, *, static_argnames: str | Sequence[str] = ()
+    fun: Callable[..., Any] | None = None,
+    *,
+    static_argnames: str | Sequence[str] = (),
+    tier_up: bool = True,
 ) -> Any:
     """Compile ``fun`` once per abstract signature; every caller calls that executable.
 
@@ -250,14 +368,23 @@ def noinline(
         fun: a function of pytrees of arrays (outputs: pytrees of arrays).
         static_argnames: keyword arguments passed by value (hashed as :func:`kiln.jit`
             hashes static arguments).
+        tier_up: under :func:`kiln.jit`, let the caller's fully inlined program compile in a
+            background thread and replace the not-inlined one once ready (steady-state runtime
+            of plain ``jax.jit``). ``False`` keeps this function a separate executable in
+            every caller (e.g. a recursive function, whose inlined form grows exponentially).
+            The global setting is ``kiln.configure(tier_up=...)`` / ``KILN_TIER_UP``.
 
     Returns:
         A :class:`NoinlineFunction` (or a decorator making one when ``fun`` is None).
 
+    Raises:
+        TypeError: ``fun`` is not callable, or ``tier_up`` is not a bool.
+
     Works under ``jax.jit`` / ``kiln.jit``, ``grad``, ``jvp``, ``vjp``, ``vmap``, ``scan``,
     ``while_loop`` and ``cond``; each derived function (tangent, transpose, batched) is compiled
-    once too. Each call costs a host round trip (a host callback), so prefer it for sub-functions
-    whose compile time dominates.
+    once too. Until tier-up (and always under plain ``jax.jit``) each call site executed costs a
+    host round trip (a host callback, ~80 us on CPU), so prefer it for sub-functions whose
+    compile time dominates. See docs/noinline.md.
 
     Example:
         >>> import jax, jax.numpy as jnp, kiln
@@ -269,5 +396,5 @@ def noinline(
         5.4555
     """
     if fun is None:
-        return lambda f: NoinlineFunction(f, static_argnames=static_argnames)
-    return NoinlineFunction(fun, static_argnames=static_argnames)
+        return lambda f: NoinlineFunction(f, static_argnames=static_argnames, tier_up=tier_up)
+    return NoinlineFunction(fun, static_argnames=static_argnames, tier_up=tier_up)

@@ -1,0 +1,176 @@
+"""Tier-up: a program that calls :func:`kiln.noinline` functions is swapped for its inlined form.
+
+Under :func:`kiln.jit`, the first executable of a program that calls noinline functions keeps
+those calls as host callbacks into their own executables: quick to compile, slower to run
+(a host round trip per call site). Meanwhile a background thread lowers the same program with
+every noinline call (of functions with ``tier_up=True``) inlined, as a nested ``jax.jit`` would
+be, compiles it, swaps it into the function's table (and C++ dispatch cache) and stores it under
+the same key, so later calls run at plain ``jax.jit`` speed and later processes load the inlined
+executable directly (no trace, no compile). The tiered program is lowered from the very jaxpr
+the first executable was lowered from: the two compute the same function.
+
+The idea is a JIT's tiered compilation (a baseline tier first, an optimizing tier in the
+background: V8, HotSpot, Julia's proposals for JAX in jax-ml/jax #4572).
+
+Turn it off with ``kiln.noinline(..., tier_up=False)`` (per function), or
+``kiln.configure(tier_up=False)`` / ``KILN_TIER_UP=0`` (every program). :func:`wait_for_tier_up`
+blocks until the background compiles started so far are done; at exit kiln waits for them too,
+so the inlined executable reaches the store.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.extend.core as jex
+
+from . import _explain, _jax_compat, _noinline
+from ._fingerprint import manifest_for
+
+if TYPE_CHECKING:
+    from ._jit import _Miss
+
+__all__ = ["wait_for_tier_up", "MAX_EQUATIONS"]
+
+logger = logging.getLogger("kiln")
+
+# Above this many equations once inlined (a recursive noinline function grows exponentially),
+# a program keeps calling its noinline functions instead of tiering up.
+MAX_EQUATIONS = 200_000
+
+_pending: set[threading.Thread] = set()
+_pending_lock = threading.Lock()
+
+
+def wait_for_tier_up(timeout: float | None = None) -> bool:
+    """Block until every background tier-up compile started so far has finished.
+
+    Args:
+        timeout: at most this many seconds in all (``None``: no limit).
+
+    Returns:
+        True when none is still running.
+
+    Example:
+        >>> import kiln
+        >>> kiln.wait_for_tier_up(timeout=60.0)
+        True
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _pending_lock:
+            threads = list(_pending)
+        if not threads:
+            return True
+        for t in threads:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            t.join(left)
+            if t.is_alive():
+                return False
+
+
+def start(miss: _Miss, table_key: Any) -> None:
+    """Compile ``miss``'s program inlined in a background thread, then swap it in and store it.
+
+    Called right after the not-inlined executable was put in the table, before it first runs
+    (the argument leaves are still alive, even if donated).
+    """
+    multi = jax.device_count() > 1
+    structs = [
+        jax.ShapeDtypeStruct(
+            x.shape, x.dtype, weak_type=jax.typeof(x).weak_type,
+            sharding=x.sharding if multi and isinstance(x, jax.Array) else None,
+        )
+        for x in miss.leaves
+    ]
+    thread = threading.Thread(
+        target=_run, args=(miss, table_key, structs),
+        name=f"kiln tier-up {miss.jf._name}", daemon=True,
+    )
+    with _pending_lock:
+        _pending.add(thread)
+    thread.start()
+
+
+def _run(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
+    try:
+        _tier_up(miss, table_key, structs)
+    except Exception as e:  # noqa: BLE001 - tier-up is an optimization: never break the program
+        logger.warning(
+            "kiln: tier-up of %s failed (%s: %s); it keeps calling its noinline functions",
+            miss.jf._name, type(e).__name__, e,
+        )
+    finally:
+        with _pending_lock:
+            _pending.discard(threading.current_thread())
+
+
+def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
+    from ._jit import _with_static_outputs
+
+    jf = miss.jf
+    t0 = time.perf_counter()
+    if miss.traced is None:  # loaded without tracing: trace now (in this thread)
+        miss._trace_lower()
+        if not miss._tier_up_candidate():
+            return
+    assert miss.traced is not None and miss.lowered is not None  # internal invariant
+    closed = miss.traced.jaxpr
+    run = jex.jaxpr_as_fun(closed)
+
+    def inlined(*leaves: Any) -> Any:
+        return run(*leaves)
+
+    # a fresh function, so jax's trace and lowering caches cannot hand back the first lowering
+    inlined.__name__ = inlined.__qualname__ = jf._name
+    args_info = jax.tree_util.tree_leaves(miss.lowered.args_info)
+    donate = tuple(i for i, a in enumerate(args_info) if a.donated)
+    with _noinline.inlining():
+        lowered = jax.jit(inlined, donate_argnums=donate).trace(*structs).lower()
+    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
+    seconds = time.perf_counter() - t0
+    static_out = miss.box.get("static_out")
+    sections: dict[str, bytes] | None
+    try:  # before the first run (an executable with a while loop refuses to serialize after)
+        sections, mode = _jax_compat.serialize_compiled(compiled)
+        if static_out is not None:
+            sections["static_out"] = _jax_compat.pickle_value(static_out)
+    except _jax_compat.Unserializable:
+        sections, mode = None, "none"
+    result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
+    with jf._lock:
+        if table_key in jf._table:  # not cleared meanwhile
+            jf._table[table_key] = result
+            if jf._dispatch is not None:
+                jf._dispatch._clear_cache()  # type: ignore[attr-defined]
+    _explain.bump(compiles=1, tier_ups=1, compile_seconds=seconds)
+    miss._explain("tier-up", f"inlined program swapped in (compiled in the background in "
+                             f"{seconds:.2f} s)")
+    if sections is None or miss.key is None or miss.key != miss.fp_key:
+        return  # keyed by the not-inlined lowering: the inlined form stays in this process
+    # the inlined executable also depends on the noinline functions' own code
+    codes = set(miss.calls)
+    for _, sub_jaxpr in _noinline.calls_in(closed.jaxpr):
+        codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
+    manifest, reason = manifest_for(codes, miss.fp.codes)
+    if reason is not None:
+        miss._explain("tier-up", f"inlined program not stored: {reason}")
+        return
+    header = miss._header(mode, manifest, seconds, seconds)
+    header["tier"] = "inlined"
+    header["lapack"] = _jax_compat.uses_lapack(_jax_compat.lowered_text(lowered))
+    miss._put(miss.key, header, sections)
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    with _pending_lock:
+        names = sorted(t.name for t in _pending)
+    if names:
+        logger.info("kiln: waiting for %s to store the inlined program", ", ".join(names))
+        wait_for_tier_up()
