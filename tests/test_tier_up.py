@@ -1,0 +1,241 @@
+"""Tier-up: under kiln.jit, a program calling kiln.noinline functions is replaced by its inlined
+form (compiled in the background), which is stored and loaded by later processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kiln
+from kiln import _tier_up
+
+
+def _layers(x, w):
+    for i in range(4):
+        x = jnp.tanh(x * w[i] + 0.1 * i)
+    return x
+
+
+def _program(sub, sites=3):
+    def outer(x, w):
+        for _ in range(sites):
+            x = sub(x, w)
+        return x.sum(), x
+
+    return outer
+
+
+X, W = jnp.linspace(-1.0, 1.0, 8), jnp.full((4, 8), 0.7)
+REF = jax.jit(_program(_layers))(X, W)
+
+
+def _host_calls(f, *args):
+    before = kiln.stats().noinline_calls
+    out = jax.block_until_ready(f(*args))
+    return out, kiln.stats().noinline_calls - before
+
+
+def _assert_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_first_result_not_inlined_then_inlined_program_swapped_in():
+    f = kiln.jit(_program(kiln.noinline(_layers)))
+    first, calls = _host_calls(f, X, W)
+    assert calls == 3  # the first result came from the not-inlined program: 3 call sites
+    assert kiln.wait_for_tier_up(timeout=300)
+    assert kiln.stats().tier_ups == 1
+    after, calls = _host_calls(f, X, W)
+    assert calls == 0  # the inlined program runs now: no host round trip
+    _assert_equal(first, REF)
+    _assert_equal(after, REF)
+    # and it is C++-dispatched like jax.jit: kiln's Python table sees no more calls
+    hot = kiln.stats().calls_hot
+    for _ in range(3):
+        f(X, W)
+    assert kiln.stats().calls_hot == hot
+
+
+def test_under_grad_and_vmap_the_derived_functions_are_inlined_too():
+    sub = kiln.noinline(_layers)
+
+    def loss(x, w):
+        return jax.vmap(lambda r: _program(sub)(r, w)[0])(x).sum()
+
+    f = kiln.jit(jax.grad(loss, argnums=(0, 1)))
+    xs = jnp.stack([X, 2 * X])
+    first, calls = _host_calls(f, xs, W)
+    assert calls > 0
+    assert kiln.wait_for_tier_up(timeout=300)
+    after, calls = _host_calls(f, xs, W)
+    assert calls == 0 and kiln.stats().tier_ups == 1
+    ref = jax.jit(jax.grad(lambda x, w: jax.vmap(
+        lambda r: _program(_layers)(r, w)[0])(x).sum(), argnums=(0, 1)))(xs, W)
+    _assert_equal(first, ref)
+    _assert_equal(after, ref)
+
+
+def test_donated_arguments_and_static_arguments():
+    sub = kiln.noinline(_layers)
+
+    @kiln.jit
+    def step(x, w, *, scale):
+        return _program(sub)(x, w)[1] * scale
+
+    f = kiln.jit(step, static_argnames="scale", donate_argnums=0)
+    outs = []
+    for _ in range(3):
+        x = jnp.array(X)  # donated: a fresh buffer per call
+        outs.append(f(x, W, scale=2.0))
+        kiln.wait_for_tier_up(timeout=300)
+    for out in outs:
+        _assert_equal(out, REF[1] * 2.0)
+    assert kiln.stats().tier_ups == 1
+
+
+def test_tier_up_off_per_function_and_globally():
+    f = kiln.jit(_program(kiln.noinline(_layers, tier_up=False)))
+    _host_calls(f, X, W)
+    assert kiln.wait_for_tier_up(timeout=300)
+    out, calls = _host_calls(f, X, W)
+    assert calls == 3 and kiln.stats().tier_ups == 0
+    _assert_equal(out, REF)
+
+    g = kiln.jit(_program(kiln.noinline(_layers)))
+    with kiln.config_context(tier_up=False):
+        _host_calls(g, X, W)
+    kiln.wait_for_tier_up(timeout=300)
+    _, calls = _host_calls(g, X, W)
+    assert calls == 3 and kiln.stats().tier_ups == 0
+
+    with pytest.raises(TypeError, match="tier_up must be True or False"):
+        kiln.noinline(_layers, tier_up="no")
+    with pytest.raises(kiln.ConfigError, match="KILN_TIER_UP"):
+        os.environ["KILN_TIER_UP"] = "maybe"
+        try:
+            kiln.get_config()
+        finally:
+            del os.environ["KILN_TIER_UP"]
+
+
+def test_programs_too_big_once_inlined_keep_calling(monkeypatch, caplog):
+    monkeypatch.setattr(_tier_up, "MAX_EQUATIONS", 10)
+    f = kiln.jit(_program(kiln.noinline(_layers), sites=4))
+    with caplog.at_level(logging.DEBUG, logger="kiln"):
+        _host_calls(f, X, W)
+    kiln.wait_for_tier_up(timeout=300)
+    assert kiln.stats().tier_ups == 0
+    assert any("no tier-up: inlined, the program would have" in r.getMessage()
+               for r in caplog.records)
+    _, calls = _host_calls(f, X, W)
+    assert calls == 4
+
+
+def test_a_failed_tier_up_keeps_the_first_program(monkeypatch, caplog):
+    def boom(*a, **k):
+        raise RuntimeError("simulated XLA failure")
+
+    monkeypatch.setattr(_tier_up, "_tier_up", boom)
+    f = kiln.jit(_program(kiln.noinline(_layers)))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        _host_calls(f, X, W)
+        kiln.wait_for_tier_up(timeout=300)
+    assert any("outer failed (RuntimeError: simulated XLA failure)" in r.getMessage()
+               for r in caplog.records)
+    out, calls = _host_calls(f, X, W)
+    assert calls == 3
+    _assert_equal(out, REF)
+
+
+PROG = r'''
+import json, sys, jax, jax.numpy as jnp, kiln
+SCALE = {scale}
+
+@kiln.noinline
+def layers(x, w):
+    for i in range(4):
+        x = jnp.tanh(x * w[i] * SCALE + 0.1 * i)
+    return x
+
+@kiln.jit
+def outer(x, w):
+    for _ in range(3):
+        x = layers(x, w)
+    return x
+
+x, w = jnp.linspace(-1.0, 1.0, 8), jnp.full((4, 8), 0.7)
+before = kiln.stats()
+out = outer(x, w)
+s = kiln.stats()
+if sys.argv[1:] == ["wait"]:
+    kiln.wait_for_tier_up()
+print(json.dumps({{"out": out.tolist(), "hits": s.hits, "traces": s.traces,
+                  "compiles": s.compiles, "noinline_calls": s.noinline_calls}}))
+'''
+
+
+def _run(tmp_path, scale, *args, **env_extra):
+    src = tmp_path / "prog.py"
+    src.write_text(PROG.format(scale=scale))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+    env.update(env_extra)
+    proc = subprocess.run([sys.executable, str(src), *args], env=env, text=True,
+                          capture_output=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _expected(scale):
+    x, w = np.linspace(-1.0, 1.0, 8, dtype=np.float32), np.full((4, 8), 0.7, np.float32)
+    for _ in range(3):
+        for i in range(4):
+            x = np.tanh(x * w[i] * scale + 0.1 * i)
+    return x
+
+
+@pytest.mark.slow
+def test_the_inlined_program_is_stored_and_a_warm_process_runs_it(tmp_path):
+    # the first process exits without waiting: kiln waits at exit, so the inlined form lands
+    cold = _run(tmp_path, 1.0)
+    # outer and layers (the tier-up compile may or may not have finished): not inlined yet
+    assert cold["compiles"] in (2, 3) and cold["noinline_calls"] == 3
+    warm = _run(tmp_path, 1.0)
+    # the stored inlined executable: no trace, no compile, no host round trip
+    assert warm == {**warm, "hits": 1, "traces": 0, "compiles": 0, "noinline_calls": 0}
+    np.testing.assert_allclose(cold["out"], _expected(1.0), rtol=1e-5)
+    assert warm["out"] == cold["out"]
+    # audit mode: the stored entry matches a fresh lowering of the program
+    audited = _run(tmp_path, 1.0, KILN_VERIFY="1")
+    assert audited["out"] == cold["out"] and audited["compiles"] == 0
+
+
+@pytest.mark.slow
+def test_a_changed_noinline_function_is_never_run_inlined_stale(tmp_path):
+    _run(tmp_path, 1.0, "wait")
+    changed = _run(tmp_path, 2.0, "wait")  # the sub-function's global changed
+    assert changed["hits"] == 0
+    np.testing.assert_allclose(changed["out"], _expected(2.0), rtol=1e-5)
+    again = _run(tmp_path, 2.0)
+    assert again["hits"] == 1 and again["noinline_calls"] == 0
+    np.testing.assert_allclose(again["out"], _expected(2.0), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_entry_stored_with_tier_up_off_tiers_up_in_a_later_process(tmp_path):
+    off = _run(tmp_path, 1.0, KILN_TIER_UP="0")
+    assert off["noinline_calls"] == 3
+    later = _run(tmp_path, 1.0, "wait")  # loads the not-inlined entry, tiers up, stores
+    assert later["hits"] >= 1 and later["compiles"] == 0
+    warm = _run(tmp_path, 1.0)
+    assert warm["hits"] == 1 and warm["traces"] == 0 and warm["noinline_calls"] == 0
+    assert warm["out"] == off["out"] == later["out"]
