@@ -126,3 +126,55 @@ def test_noinline_executables_persist_across_processes(tmp_path):
     assert cold["misses"] >= 3 and cold["hits"] == 0  # vf, its transpose, its vmap
     assert warm["compiles"] == 0 and warm["hits"] == cold["misses"]
     assert warm["g"] == cold["g"] and warm["v"] == cold["v"]
+
+
+# -- noinline functions as arguments: swapped without retracing or recompiling the caller ------
+def _swap_outer(traces):
+    def outer(f, x):
+        traces.append(1)
+        return f(f(x) * 3.0)
+
+    return outer
+
+
+@pytest.mark.parametrize("jit", [jax.jit, kiln.jit], ids=["jax.jit", "kiln.jit"])
+def test_noinline_functions_swap_as_arguments_without_recompiling(jit):
+    f1 = kiln.noinline(lambda x: jnp.sin(x) * 2.0)
+    f2 = kiln.noinline(lambda x: jnp.cos(x) + x)
+    traces: list[int] = []
+    outer = jit(_swap_outer(traces))
+    x = jnp.linspace(0.0, 1.0, 4)
+    np.testing.assert_allclose(outer(f1, x), jnp.sin(jnp.sin(x) * 2.0 * 3.0) * 2.0, rtol=1e-6)
+    compiles = kiln.stats().compiles
+    np.testing.assert_allclose(outer(f2, x), (lambda y: jnp.cos(y) + y)((jnp.cos(x) + x) * 3.0),
+                               rtol=1e-6)
+    assert len(traces) == 1  # the caller was traced once, for f1
+    assert kiln.stats().compiles == compiles + 1  # f2's own executable, not the caller's
+
+    # grad and vmap through the swapped function
+    g = jit(jax.grad(lambda f, x: _swap_outer([])(f, x).sum(), argnums=1))
+    for f, plain in [(f1, lambda x: jnp.sin(x) * 2.0), (f2, lambda x: jnp.cos(x) + x)]:
+        ref = jax.grad(lambda x, p=plain: p(p(x) * 3.0).sum())(x)
+        np.testing.assert_allclose(g(f, x), ref, rtol=1e-5)
+    v = jit(jax.vmap(_swap_outer([]), in_axes=(None, 0)))
+    np.testing.assert_allclose(v(f2, jnp.stack([x, x + 1.0]))[1], outer(f2, x + 1.0), rtol=1e-6)
+
+
+def test_swapped_function_with_other_outputs_and_batched_functions_are_refused():
+    f1 = kiln.noinline(lambda x: jnp.sin(x))
+    f3 = kiln.noinline(lambda x: x.sum())
+    outer = jax.jit(lambda f, x: f(x))
+    x = jnp.ones(3)
+    outer(f1, x)
+    with pytest.raises(Exception, match=r"returns \['float32\[\]'\] where the program was "
+                                        r"traced with .* returning \['float32\[3\]'\]"):
+        outer(f3, x)
+    # pytree round trips outside a trace give the function back
+    leaves, treedef = jax.tree.flatten(f1)
+    assert jax.tree.unflatten(treedef, leaves) is f1
+    assert jax.tree.unflatten(treedef, jax.tree.leaves(f3)) is f3
+    with pytest.raises(kiln.KilnError, match="a batch of noinline functions"):
+        jax.tree.map(lambda a, b: jnp.stack([a, b]), f1, f3)
+    with pytest.raises(kiln.KilnError, match="vmap over a batch of noinline functions"):
+        jax.vmap(lambda h, x: jax.tree.unflatten(treedef, [h])(x))(
+            jnp.array([leaves[0], leaves[0]]), jnp.ones((2, 3)))

@@ -298,6 +298,8 @@ class _Walker:
         """Walk a registered pytree node (equinox Module, diffrax term, ...) one level down."""
         if isinstance(v, jax.Array | np.ndarray | np.generic) or type(v) in _PLAIN:
             return False
+        if getattr(type(v), "_kiln_walk_wrapped", False):
+            return False  # kiln.noinline: its code (via __wrapped__), not its handle
         try:
             children, treedef = jax.tree_util.tree_flatten(v, is_leaf=lambda n: n is not v)
         except Exception:  # noqa: BLE001 - exotic flatten failures: not a pytree for us

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 import jax.extend.core as jex
+import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _explain
+from ._errors import KilnError
 
 __all__ = ["noinline", "NoinlineFunction"]
 
@@ -217,9 +220,8 @@ def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
     return list(out.values())
 
 
-def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: _Sub) -> Any:
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    n = len(primals)
+def _jvp_sub(fn: _Sub, n: int) -> _Sub:
+    """The tangent part of ``fn`` (``n`` primals): ``(*primals, *tangents) -> tangents_out``."""
 
     def make() -> _Sub:
         def tangent_part(*pt: Any) -> list[Any]:
@@ -228,23 +230,12 @@ def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: _Sub) -> Any:
 
         return _Sub(tangent_part, _derived_name(fn.name, "jvp"), fn.module, tier_up=fn.tier_up)
 
-    jvp_fn = fn.derived("jvp", make)
-    # primal and tangent outputs are separate binds, so reverse mode can linearize (the tangent
-    # bind is linear in the tangents and gets transposed below)
-    primal_out = noinline_p.bind(*primals, fn=fn)
-    tangent_out = noinline_p.bind(*primals, *tangents, fn=jvp_fn)
-    return primal_out, tangent_out
+    return fn.derived("jvp", make)
 
 
-def _transpose(cts: Sequence[Any], *args: Any, fn: _Sub) -> list[Any]:
-    linear = tuple(ad.is_undefined_primal(a) for a in args)
-    known = [a for a, lin in zip(args, linear, strict=True) if not lin]
-    lin_shapes = tuple(
-        (tuple(a.aval.shape), str(a.aval.dtype))
-        for a, lin in zip(args, linear, strict=True) if lin
-    )
-    cts = [ad.instantiate_zeros(c) for c in cts]
-    n_known = len(known)
+def _transpose_sub(fn: _Sub, linear: tuple[bool, ...], lin_shapes: tuple[Any, ...]) -> _Sub:
+    """The transpose of ``fn`` in its ``linear`` arguments: ``(*known, *cts) -> cts_linear``."""
+    n_known = len(linear) - len(lin_shapes)
 
     def make() -> _Sub:
         def transposed(*kc: Any) -> list[Any]:
@@ -261,24 +252,76 @@ def _transpose(cts: Sequence[Any], *args: Any, fn: _Sub) -> list[Any]:
 
         return _Sub(transposed, _derived_name(fn.name, "transpose"), fn.module, tier_up=fn.tier_up)
 
-    t_fn = fn.derived(("transpose", linear, lin_shapes), make)
-    ct_lin = iter(noinline_p.bind(*known, *cts, fn=t_fn))
-    return [next(ct_lin) if lin else None for lin in linear]
+    return fn.derived(("transpose", linear, lin_shapes), make)
 
 
-def _batch(args: Sequence[Any], dims: Sequence[Any], *, fn: _Sub) -> Any:
-    axes = tuple(None if d is None else 0 for d in dims)  # None: not batched
-    args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
-            for a, d in zip(args, dims, strict=True)]
+def _vmap_sub(fn: _Sub, axes: tuple[int | None, ...]) -> _Sub:
+    """``fn`` batched along axis 0 of the arguments whose ``axes`` entry is 0."""
 
     def make() -> _Sub:
         def batched(*xs: Any) -> Any:
             return jax.vmap(fn.flat_fun, in_axes=axes)(*xs)
 
-        return _Sub(batched, _derived_name(fn.name, f"vmap{list(axes)}"), fn.module, tier_up=fn.tier_up)
+        name = _derived_name(fn.name, f"vmap{list(axes)}")
+        return _Sub(batched, name, fn.module, tier_up=fn.tier_up)
 
-    v_fn = fn.derived(("vmap", axes), make)
-    outs = noinline_p.bind(*args, fn=v_fn)
+    return fn.derived(("vmap", axes), make)
+
+
+_DERIVE: dict[str, Callable[..., _Sub]] = {
+    "jvp": _jvp_sub, "transpose": _transpose_sub, "vmap": _vmap_sub,
+}
+
+
+def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: Any) -> Any:
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    # primal and tangent outputs are separate binds, so reverse mode can linearize (the tangent
+    # bind is linear in the tangents and gets transposed below)
+    primal_out = noinline_p.bind(*primals, fn=fn)
+    if isinstance(fn, _Dispatch):  # the handle (first operand) has no tangent
+        handle, xs = primals[0], primals[1:]
+        d = fn.derived(("jvp", len(xs)))
+        return primal_out, noinline_p.bind(handle, *xs, *tangents[1:], fn=d)
+    jvp_fn = _jvp_sub(fn, len(primals))
+    return primal_out, noinline_p.bind(*primals, *tangents, fn=jvp_fn)
+
+
+def _split_linear(args: Sequence[Any]) -> tuple[tuple[bool, ...], list[Any], tuple[Any, ...]]:
+    linear = tuple(ad.is_undefined_primal(a) for a in args)
+    known = [a for a, lin in zip(args, linear, strict=True) if not lin]
+    lin_shapes = tuple(
+        (tuple(a.aval.shape), str(a.aval.dtype))
+        for a, lin in zip(args, linear, strict=True) if lin
+    )
+    return linear, known, lin_shapes
+
+
+def _transpose(cts: Sequence[Any], *args: Any, fn: Any) -> list[Any]:
+    cts = [ad.instantiate_zeros(c) for c in cts]
+    if isinstance(fn, _Dispatch):
+        handle, rest = args[0], args[1:]
+        linear, known, lin_shapes = _split_linear(rest)
+        t_fn = fn.derived(("transpose", linear, lin_shapes))
+        ct_lin = iter(noinline_p.bind(handle, *known, *cts, fn=t_fn))
+        return [None] + [next(ct_lin) if lin else None for lin in linear]
+    linear, known, lin_shapes = _split_linear(args)
+    ct_lin = iter(noinline_p.bind(*known, *cts, fn=_transpose_sub(fn, linear, lin_shapes)))
+    return [next(ct_lin) if lin else None for lin in linear]
+
+
+def _batch(args: Sequence[Any], dims: Sequence[Any], *, fn: Any) -> Any:
+    args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
+            for a, d in zip(args, dims, strict=True)]
+    axes = tuple(None if d is None else 0 for d in dims)  # None: not batched
+    if isinstance(fn, _Dispatch):
+        if axes[0] is not None:
+            raise KilnError(
+                f"jax.vmap over a batch of noinline functions ({fn.name}) is not supported: "
+                "map over the function's arguments, or call each function separately"
+            )
+        outs = noinline_p.bind(*args, fn=fn.derived(("vmap", axes[1:])))
+    else:
+        outs = noinline_p.bind(*args, fn=_vmap_sub(fn, axes))
     return outs, [0] * len(outs)
 
 
@@ -321,7 +364,19 @@ class NoinlineFunction:
             (static_argnames,) if isinstance(static_argnames, str) else static_argnames
         )
         self._subs: dict[Any, tuple[_Sub, _OutTree]] = {}
+        self._dispatch: dict[Any, _Dispatch] = {}
         self._lock = threading.Lock()
+        with _registry_lock:
+            # its value as a pytree leaf: an outer program that takes this function as an
+            # argument calls whichever function the handle names (no retrace, no recompile)
+            self._handle = np.asarray(next(_next_handle), dtype=np.int32)
+            _registry[int(self._handle)] = self
+
+    # the fingerprint walk follows __wrapped__ (the code), not the process-local handle
+    _kiln_walk_wrapped = True
+
+    def __repr__(self) -> str:
+        return f"<kiln.noinline {getattr(self._fun, '__qualname__', self._fun)!r}>"
 
     def _sub(self, treedef: Any, statics: dict[str, Any], static_key: Any) -> Any:
         key = (treedef, static_key)
@@ -342,7 +397,7 @@ class NoinlineFunction:
                 got = self._subs[key] = (_Sub(flat, name, module, tier_up=self._tier_up), out)
             return got
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         from ._hashing import static_digest
 
         statics = {k: kwargs.pop(k) for k in list(kwargs) if k in self._static_argnames}
@@ -352,8 +407,147 @@ class NoinlineFunction:
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         sub, out = self._sub(treedef, statics, static_key)
         if "tree" not in out:
-            sub.out_avals([jax.typeof(x) for x in leaves])
+            sub.out_avals(_avals([jax.typeof(x) for x in leaves]))
+        return leaves, (treedef, statics, static_key), sub, out
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, _, sub, out = self._prepare(args, kwargs)
         return jax.tree_util.tree_unflatten(out["tree"], noinline_p.bind(*leaves, fn=sub))
+
+
+_registry: weakref.WeakValueDictionary[int, NoinlineFunction] = weakref.WeakValueDictionary()
+_registry_lock = threading.Lock()
+_next_handle = itertools.count()
+
+
+class _Interface:
+    """A noinline function's pytree aux data: every noinline function with the same static
+    argument names has the same interface, so swapping one for another as an argument of a
+    jitted program keeps its cache key (as ``equinox.internal.noinline``'s ``abstract_fn``)."""
+
+    __slots__ = ("template",)
+
+    def __init__(self, template: NoinlineFunction) -> None:
+        self.template = template
+
+    def _id(self) -> tuple[str, ...]:
+        return tuple(sorted(self.template._static_argnames))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Interface) and self._id() == other._id()
+
+    def __hash__(self) -> int:
+        return hash(self._id())
+
+    def __kiln_digest__(self) -> str:
+        return "kiln.noinline interface: " + ",".join(self._id())
+
+
+def _flatten(f: NoinlineFunction) -> tuple[tuple[Any], _Interface]:
+    return (f._handle,), _Interface(f)
+
+
+def _unflatten(aux: _Interface, children: Sequence[Any]) -> Any:
+    (handle,) = children
+    if handle is aux.template._handle:
+        return aux.template
+    if isinstance(handle, np.ndarray | np.generic | jax.Array) and not isinstance(
+        handle, jax.core.Tracer
+    ):
+        return _lookup(handle)
+    return _Argument(aux.template, handle)  # traced: resolved at run time, on the host
+
+
+jax.tree_util.register_pytree_node(NoinlineFunction, _flatten, _unflatten)
+
+
+def _lookup(handle: Any) -> NoinlineFunction:
+    if np.ndim(handle) != 0:
+        raise KilnError(
+            f"a batch of noinline functions (handles {np.asarray(handle).tolist()}) is not "
+            "supported: map over the function's arguments, or call each function separately"
+        )
+    try:
+        return _registry[int(np.asarray(handle))]
+    except (KeyError, TypeError, ValueError):
+        raise KilnError(
+            f"no kiln.noinline function has handle {handle!r} in this process (handles are "
+            "process-local: pass the function itself, not its handle)"
+        ) from None
+
+
+class _Argument:
+    """A noinline function received as an argument of a traced program: calls go to whichever
+    function the (traced) handle names when the program runs."""
+
+    def __init__(self, template: NoinlineFunction, handle: Any) -> None:
+        self.template = template
+        self.handle = handle
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = self.template
+        leaves, call, sub, out = t._prepare(args, kwargs)
+        key = (call[0], call[2])
+        with t._lock:
+            d = t._dispatch.get(key)
+            if d is None:
+                d = t._dispatch[key] = _Dispatch(t, call, sub.name)
+        handle = jax.numpy.asarray(self.handle, dtype=jax.numpy.int32)
+        return jax.tree_util.tree_unflatten(
+            out["tree"], noinline_p.bind(handle, *leaves, fn=d)
+        )
+
+
+class _Dispatch:
+    """The ``fn`` of a noinline call whose function is a run-time argument: operand 0 is the
+    function's handle; the host looks the function up and calls its executable (or the
+    executable of its derived function along ``path``: jvp, transpose, vmap)."""
+
+    tier_up = False  # which function runs is only known at run time
+
+    def __init__(self, template: NoinlineFunction, call: Any, name: str,
+                 path: tuple[Any, ...] = ()) -> None:
+        self.template = template
+        self.call = call  # (treedef, statics, static_key) of the call site
+        self.name = name
+        self.path = path
+        self._derived: dict[Any, _Dispatch] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, f: NoinlineFunction) -> _Sub:
+        sub: _Sub = f._sub(*self.call)[0]
+        for step in self.path:
+            sub = _DERIVE[step[0]](sub, *step[1:])
+        return sub
+
+    def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
+        return self.resolve(self.template).out_avals(in_avals[1:])
+
+    def derived(self, step: tuple[Any, ...]) -> _Dispatch:
+        with self._lock:
+            got = self._derived.get(step)
+            if got is None:
+                name = _derived_name(self.name, step[0] if step[0] != "vmap"
+                                     else f"vmap{list(step[1])}")
+                got = self._derived[step] = _Dispatch(
+                    self.template, self.call, name, self.path + (step,)
+                )
+            return got
+
+    def __call__(self, handle: Any, *leaves: Any) -> list[Any]:
+        f = _lookup(handle)
+        sub = self.resolve(f)
+        if f is not self.template:
+            avals = _avals([jax.typeof(x) for x in leaves])
+            want, got = self.resolve(self.template).out_avals(avals), sub.out_avals(avals)
+            if want != got:
+                raise KilnError(
+                    f"kiln.noinline: {sub.name} returns {[str(a) for a in got]} where the "
+                    f"program was traced with {self.name} returning {[str(a) for a in want]}; "
+                    "functions exchanged as an argument must have the same output shapes and "
+                    "dtypes"
+                )
+        return sub(*leaves)
 
 
 def noinline(
