@@ -171,6 +171,37 @@ def test_ls_table(
         assert line == line.rstrip()
 
 
+def _vf(y: Any) -> Any:
+    return y * 0.5
+
+
+def test_ls_shows_noinline_functions_with_the_programs_that_use_them(
+    store_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vf = kiln.noinline(_vf)
+    first = kiln.jit(lambda y: vf(vf(y)))
+    with kiln.config_context(tier_up=False):
+        first(jnp.ones(3))
+    second = kiln.jit(lambda y: vf(y) + 1.0)
+    second(jnp.ones(3))
+    assert kiln.wait_for_tier_up(timeout=300)
+    by_function = {r["function"]: r for r in _ls_json(capsys)}
+    sub = by_function[f"{_vf.__module__}._vf[noinline]"]
+    lam = f"{__name__}.test_ls_shows_noinline_functions_with_the_programs_that_use_them" \
+        ".<locals>.<lambda>"
+    assert sub["used_by"] == [lam] and sub["calls"] == []
+    callers = [r for r in _ls_json(capsys) if r["function"] == lam]
+    assert sorted(r["tier"] for r in callers) == ["inlined", "noinline"]
+    assert all(r["calls"] == [sub["function"]] for r in callers)
+    code, out, _ = _run(["ls"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[-1] == "NOINLINE"
+    assert any(line.endswith("used by <lambda>") for line in lines)
+    assert any(line.endswith("calls _vf[noinline] (inlined)") for line in lines)
+    assert any(line.endswith("calls _vf[noinline] (not inlined yet)") for line in lines)
+
+
 def test_ls_empty_store(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _run(["ls"], capsys) == (0, "", f"no entries in {store_dir}\n")
     assert _run(["ls", "--json"], capsys) == (0, "[]\n", "")

@@ -133,6 +133,11 @@ class _Row:
     created: float | None
     last_used: float | None
     compile_seconds: float | None
+    # kiln.noinline: the functions this program calls, the programs calling this function,
+    # and for a caller whether its stored executable is the inlined form (tier-up) or not
+    calls: list[str] = dataclasses.field(default_factory=list)
+    used_by: list[str] = dataclasses.field(default_factory=list)
+    tier: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -169,12 +174,37 @@ def _rows(store: Any) -> list[_Row]:
             function = function if isinstance(function, str) and "." in function else "-"
             rows.append(_Row(key, kind, function, "-", size, created, last_used, None))
             continue
+        calls = header.get("noinline")
+        tier = header.get("tier")
         rows.append(_Row(
             key, kind, str(header.get("function", "?")), str(header.get("signature", "?")),
             size, created, last_used, seconds,
+            calls=[str(c) for c in calls] if isinstance(calls, list) else [],
+            tier=str(tier) if tier is not None else None,
         ))
+    callers: dict[str, set[str]] = {}
+    for r in rows:
+        for c in r.calls:
+            callers.setdefault(c, set()).add(r.function)
+    for r in rows:
+        r.used_by = sorted(callers.get(r.function, ()))
     rows.sort(key=lambda r: (r.function, r.created or 0.0, r.key))
     return rows
+
+
+def _short(function: str) -> str:
+    """``pkg.mod.outer`` -> ``outer``; ``pkg.mod.vf[noinline jvp]`` -> ``vf[noinline jvp]``."""
+    head, bracket, rest = function.partition("[")
+    return head.rpartition(".")[2] + bracket + rest
+
+
+def _noinline_text(r: _Row) -> str:
+    if r.calls:
+        tier = {"inlined": " (inlined)", "noinline": " (not inlined yet)"}.get(r.tier or "", "")
+        return "calls " + ", ".join(_short(c) for c in r.calls) + tier
+    if r.used_by:
+        return "used by " + ", ".join(_short(c) for c in r.used_by)
+    return ""
 
 
 def _looks_like_key(key: str) -> bool:
@@ -192,7 +222,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         _note(f"no entries in {store.url}")
         return 0
     now = _clock()
-    table = [("FUNCTION", "SIGNATURE", "SIZE", "CREATED", "LAST USED", "COMPILE S", "KEY")]
+    header = ["FUNCTION", "SIGNATURE", "SIZE", "CREATED", "LAST USED", "COMPILE S", "KEY"]
+    noinline = any(r.calls or r.used_by for r in rows)
+    table = [tuple(header + ["NOINLINE"] if noinline else header)]
     for r in rows:
         table.append((
             r.function,
@@ -202,8 +234,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             "-" if r.last_used is None else _ago(now - r.last_used),
             "-" if r.compile_seconds is None else f"{r.compile_seconds:.2f}",
             r.key[:12],
+            *((_noinline_text(r),) if noinline else ()),
         ))
-    for line in _columns(table, right=(False, False, True, True, True, True, False)):
+    right = (False, False, True, True, True, True, False) + ((False,) if noinline else ())
+    for line in _columns(table, right=right):
         _say(line)
     return 0
 

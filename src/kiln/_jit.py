@@ -919,7 +919,7 @@ class _Miss:
         self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float
     ) -> dict[str, Any]:
         """The header of an executable entry (``manifest`` None: keyed by the lowered module)."""
-        return {
+        header: dict[str, Any] = {
             "kind": "executable",
             "function": f"{self.jf._module}.{self.jf._name}",
             "signature": self.signature,
@@ -934,6 +934,10 @@ class _Miss:
             "trace_seconds": self.trace_seconds,
             "created": time.time(),
         }
+        called = [] if self.traced is None else _noinline.called_names(self.traced.jaxpr.jaxpr)
+        if called:
+            header["noinline"] = called  # for `kiln ls`: the noinline functions it calls
+        return header
 
     def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
         if key is None:

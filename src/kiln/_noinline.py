@@ -202,6 +202,20 @@ def inlined_size(jaxpr: Any) -> int:
     return total
 
 
+def called_names(jaxpr: Any) -> list[str]:
+    """``module.name`` of every noinline function ``jaxpr`` calls directly (as their entries
+    are named in the store; ``(argument)`` for functions passed as arguments), for ``kiln ls``."""
+    names = set()
+    for eqn in _walk(jaxpr):
+        fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
+        if isinstance(fn, _Sub):
+            names.add(f"{fn.module}.{fn.name}")
+        elif isinstance(fn, _Dispatch):
+            module = getattr(fn.template._fun, "__module__", None) or "__main__"
+            names.add(f"{module}.{fn.name} (argument)")
+    return sorted(names)
+
+
 def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
     """``(sub-function, its closed jaxpr)`` for every tier-up noinline function that inlining
     ``jaxpr`` would bring in, nested calls included (each once)."""
