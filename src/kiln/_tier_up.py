@@ -41,7 +41,7 @@ logger = logging.getLogger("kiln")
 
 # Above this many equations once inlined (a recursive noinline function grows exponentially),
 # a program keeps calling its noinline functions instead of tiering up.
-MAX_EQUATIONS = 200_000
+MAX_EQUATIONS = 50_000
 
 _pending: set[threading.Thread] = set()
 _pending_lock = threading.Lock()
