@@ -239,3 +239,42 @@ def test_an_entry_stored_with_tier_up_off_tiers_up_in_a_later_process(tmp_path):
     warm = _run(tmp_path, 1.0)
     assert warm["hits"] == 1 and warm["traces"] == 0 and warm["noinline_calls"] == 0
     assert warm["out"] == off["out"] == later["out"]
+
+
+MIXED = r'''
+import json, jax, jax.numpy as jnp, kiln
+a = kiln.noinline(lambda x: x * 2.0 + 1.0)
+b = kiln.noinline(lambda x: jnp.sin(x) * 10.0, tier_up=False)
+
+@kiln.jit
+def outer(x):
+    return b(a(x) + 0.5) + a(x)
+
+out = outer(jnp.arange(3.0))
+kiln.wait_for_tier_up()
+s = kiln.stats()
+print(json.dumps({"out": out.tolist(), "hits": s.hits, "compiles": s.compiles}))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verify", ["0", "1"])
+def test_warm_inlined_program_with_remaining_callbacks_gets_its_own_callbacks(tmp_path, verify):
+    # the inlined form still calls b (tier_up=False) through a host callback that cannot be
+    # pickled: a warm process must rebuild the *inlined* program's callbacks, not the first's
+    src = tmp_path / "mixed.py"
+    src.write_text(MIXED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+    outs = []
+    for extra in ({}, {"KILN_VERIFY": verify}):
+        proc = subprocess.run([sys.executable, str(src)], env={**env, **extra}, text=True,
+                              capture_output=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    x = np.arange(3.0, dtype=np.float32)
+    expected = np.sin(x * 2 + 1.5) * 10.0 + x * 2 + 1.0
+    cold, warm = outs
+    assert warm["hits"] >= 2 and warm["compiles"] == 0  # outer (inlined form) and b
+    np.testing.assert_allclose(cold["out"], expected, rtol=1e-5)
+    np.testing.assert_allclose(warm["out"], expected, rtol=1e-5)

@@ -796,9 +796,7 @@ class _Miss:
         t0 = time.perf_counter()
         callbacks = None
         if header.get("callbacks") == "trace" or self.cfg.verify:
-            lowered = self._trace_lower()
-            if header.get("callbacks") == "trace":
-                callbacks = _jax_compat.host_callbacks(lowered)
+            self._trace_lower()
             if self.lowered_digest != header.get("lowered"):
                 if self.cfg.verify:
                     raise VerifyError(
@@ -815,7 +813,13 @@ class _Miss:
             # Traced in this process (verify path, audit, unpicklable callbacks): what the
             # lowered module does not hold (host callables, non-array outputs, the output
             # tree) comes from this trace, never from the entry.
-            callbacks = _jax_compat.host_callbacks(self.lowered)
+            if header.get("tier") != "inlined":
+                callbacks = _jax_compat.host_callbacks(self.lowered)
+            elif header.get("callbacks") == "trace":
+                # the inlined form (tier-up) has other host callbacks than this lowering:
+                # those of the same jaxpr lowered inline (a lowering, no compile)
+                inlined = _tier_up.lower_inlined(self, _tier_up.structs(self.leaves))
+                callbacks = _jax_compat.host_callbacks(inlined)
             out_tree = self.lowered.out_tree
             static_out = self.box.get("static_out")
             if ("static_out" in entry.sections) != (static_out is not None):

@@ -74,27 +74,48 @@ def wait_for_tier_up(timeout: float | None = None) -> bool:
                 return False
 
 
+def structs(leaves: list[Any]) -> list[jax.ShapeDtypeStruct]:
+    """Abstract arguments of a program (sharded ones keep their sharding)."""
+    multi = jax.device_count() > 1
+    return [
+        jax.ShapeDtypeStruct(
+            x.shape, x.dtype, weak_type=jax.typeof(x).weak_type,
+            sharding=x.sharding if multi and isinstance(x, jax.Array) else None,
+        )
+        for x in leaves
+    ]
+
+
 def start(miss: _Miss, table_key: Any) -> None:
     """Compile ``miss``'s program inlined in a background thread, then swap it in and store it.
 
     Called right after the not-inlined executable was put in the table, before it first runs
     (the argument leaves are still alive, even if donated).
     """
-    multi = jax.device_count() > 1
-    structs = [
-        jax.ShapeDtypeStruct(
-            x.shape, x.dtype, weak_type=jax.typeof(x).weak_type,
-            sharding=x.sharding if multi and isinstance(x, jax.Array) else None,
-        )
-        for x in miss.leaves
-    ]
     thread = threading.Thread(
-        target=_run, args=(miss, table_key, structs),
+        target=_run, args=(miss, table_key, structs(miss.leaves)),
         name=f"kiln tier-up {miss.jf._name}", daemon=True,
     )
     with _pending_lock:
         _pending.add(thread)
     thread.start()
+
+
+def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
+    """``miss``'s traced jaxpr lowered with its noinline calls inlined (same calling convention
+    and donation as the first executable)."""
+    assert miss.traced is not None and miss.lowered is not None  # internal invariant
+    run = jex.jaxpr_as_fun(miss.traced.jaxpr)
+
+    def inlined(*leaves: Any) -> Any:
+        return run(*leaves)
+
+    # a fresh function, so jax's trace and lowering caches cannot hand back the first lowering
+    inlined.__name__ = inlined.__qualname__ = miss.jf._name
+    args_info = jax.tree_util.tree_leaves(miss.lowered.args_info)
+    donate = tuple(i for i, a in enumerate(args_info) if a.donated)
+    with _noinline.inlining():
+        return jax.jit(inlined, donate_argnums=donate).trace(*args).lower()
 
 
 def _run(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
@@ -121,17 +142,7 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
             return
     assert miss.traced is not None and miss.lowered is not None  # internal invariant
     closed = miss.traced.jaxpr
-    run = jex.jaxpr_as_fun(closed)
-
-    def inlined(*leaves: Any) -> Any:
-        return run(*leaves)
-
-    # a fresh function, so jax's trace and lowering caches cannot hand back the first lowering
-    inlined.__name__ = inlined.__qualname__ = jf._name
-    args_info = jax.tree_util.tree_leaves(miss.lowered.args_info)
-    donate = tuple(i for i, a in enumerate(args_info) if a.donated)
-    with _noinline.inlining():
-        lowered = jax.jit(inlined, donate_argnums=donate).trace(*structs).lower()
+    lowered = lower_inlined(miss, structs)
     compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
     seconds = time.perf_counter() - t0
     static_out = miss.box.get("static_out")
