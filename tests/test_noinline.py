@@ -178,3 +178,33 @@ def test_swapped_function_with_other_outputs_and_batched_functions_are_refused()
     with pytest.raises(kiln.KilnError, match="vmap over a batch of noinline functions"):
         jax.vmap(lambda h, x: jax.tree.unflatten(treedef, [h])(x))(
             jnp.array([leaves[0], leaves[0]]), jnp.ones((2, 3)))
+
+
+def test_output_structure_may_depend_on_input_shapes():
+    rows = kiln.noinline(lambda x: tuple(x))
+    f = jax.jit(lambda x: rows(x))
+    assert len(f(jnp.zeros((2, 4)))) == 2
+    assert len(f(jnp.zeros((3, 4)))) == 3
+    both = kiln.noinline(lambda x: {"a": x[0], "b": x[1]} if x.shape[0] == 2 else (x[0], x[1]))
+    assert isinstance(both(jnp.zeros(2)), dict)
+    assert isinstance(both(jnp.zeros(3)), tuple)
+    assert isinstance(jax.jit(both)(jnp.zeros(2)), dict)
+
+
+def test_static_arguments_by_position_or_keyword_and_unknown_names():
+    def f(x, n, y):
+        for _ in range(n):
+            x = jnp.sin(x) + y
+        return x
+
+    p = kiln.noinline(f, static_argnames="n")
+    x, y = jnp.ones(2), jnp.full(2, 0.5)
+    before = kiln.stats().compiles
+    by_name = jax.jit(lambda x, y: p(x, n=2, y=y))(x, y)
+    by_position = jax.jit(lambda x, y: p(x, 2, y))(x, y)
+    np.testing.assert_allclose(by_name, f(x, 2, y), rtol=1e-6)
+    np.testing.assert_array_equal(by_name, by_position)
+    assert kiln.stats().compiles - before == 1  # one executable for both spellings
+    with pytest.raises(ValueError, match=r"has no parameter 'nn'; its parameters are "
+                                         r"\['x', 'n', 'y'\]\. Did you mean 'n'\?"):
+        kiln.noinline(f, static_argnames="nn")

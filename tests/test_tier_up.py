@@ -278,3 +278,77 @@ def test_warm_inlined_program_with_remaining_callbacks_gets_its_own_callbacks(tm
     assert warm["hits"] >= 2 and warm["compiles"] == 0  # outer (inlined form) and b
     np.testing.assert_allclose(cold["out"], expected, rtol=1e-5)
     np.testing.assert_allclose(warm["out"], expected, rtol=1e-5)
+
+
+def test_tier_up_runs_under_the_callers_thread_local_jax_config():
+    # a `with jax.enable_x64(True):` block is thread-local: the background compile must see it
+    sub = kiln.noinline(lambda x: jnp.sin(x) * 2)
+    f = kiln.jit(lambda x: sub(sub(x)) + jnp.asarray(1e-12))
+    with jax.enable_x64(True):
+        x = jnp.linspace(0.0, 1.0, 4, dtype=jnp.float64)
+        first = f(x)
+        assert kiln.wait_for_tier_up(timeout=300)
+        after, calls = _host_calls(f, x)
+    assert first.dtype == after.dtype == jnp.float64
+    assert calls == 0 and kiln.stats().tier_ups == 1
+    np.testing.assert_array_equal(first, after)
+
+
+def test_side_effects_in_noinline_functions_survive_and_ordered_ones_are_refused():
+    from jax.experimental import io_callback
+
+    log = []
+
+    def sub(x):
+        io_callback(lambda v: log.append(float(v)), None, x[0])
+        return x * 2
+
+    s = kiln.noinline(sub)
+    program = kiln.jit(lambda x: (s(x), x + 1.0)[1])  # the result of s is unused
+    program(jnp.arange(3.0))
+    assert log == [0.0]  # an effect: not dead-code eliminated (as with plain jax.jit)
+    assert kiln.wait_for_tier_up(timeout=300)
+    program(jnp.arange(3.0))
+    assert log == [0.0, 0.0] and kiln.stats().tier_ups == 1
+
+    ordered = kiln.noinline(lambda x: (jax.debug.print("{}", x[0], ordered=True), x)[1])
+    with pytest.raises(kiln.KilnError, match=r"has ordered side effects \(OrderedDebugEffect\)"):
+        jax.jit(ordered)(jnp.ones(2))
+
+
+SIGINT_PROG = r'''
+import jax, jax.numpy as jnp, kiln
+
+@kiln.noinline
+def block(x, w):
+    for i in range(20):
+        x = jnp.tanh(x * w[i] + 0.1 * i)
+    return x
+
+@kiln.jit
+def net(x, w):
+    for _ in range(64):  # the inlined program takes many seconds to compile
+        x = block(x, w)
+    return x
+
+net(jnp.ones(64), jnp.full((20, 64), 0.5)).block_until_ready()
+print("first result", flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_waiting_for_tier_up_at_exit_exits_cleanly(tmp_path):
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_PROG], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "first result"
+    time.sleep(0.5)  # now in kiln's exit wait, the inlined compile still running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err  # not SIGABRT (-6) from finalizing around XLA
+    assert "interrupted while compiling the inlined program in the background" in err

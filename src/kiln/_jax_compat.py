@@ -6,12 +6,13 @@ kiln imports ``jax._src``; when jax changes, this is the one file to port.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import pickle
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
@@ -77,6 +78,46 @@ def trace_context() -> list[tuple[str, str]]:
     except NotImplementedError:  # pragma: no cover - older jaxlib
         names = [f"trace_context[{i}]" for i in range(len(values))]
     return [(n, _ADDR.sub("", repr(v))) for n, v in zip(names, values, strict=True)]
+
+
+def local_config() -> list[tuple[Any, Any]]:
+    """This thread's jax config overrides (``jax.enable_x64(True)`` blocks, ``default_device``,
+    ...): config states are thread-local, so work done for this thread in another thread (a
+    tier-up) must apply them there (:func:`apply_local_config`)."""
+    unset = _jax_config.config_ext.unset
+    out = []
+    for state in _jax_config.config_states.values():
+        value = state.get_local()
+        if value is not unset:
+            out.append((state, value))
+    return out
+
+
+@contextlib.contextmanager
+def apply_local_config(items: list[tuple[Any, Any]]) -> Iterator[None]:
+    """Enter the thread-local config overrides ``items`` in this thread (as ``State(value)``
+    context managers do, jax 0.10.2 ``config.StateContextManager``)."""
+    unset = _jax_config.config_ext.unset
+    previous = []
+    try:
+        for state, value in items:
+            previous.append((state, state.swap_local(value)))
+            if state._update_thread_local_hook:
+                state._update_thread_local_hook(value)
+        yield
+    finally:
+        for state, prev in reversed(previous):
+            state.set_local(prev)
+            if state._update_thread_local_hook:
+                state._update_thread_local_hook(None if prev is unset else prev)
+
+
+def ordered_effects(effects: Any) -> list[Any]:
+    """The ordered effects among ``effects`` (``jax.debug.print(..., ordered=True)``,
+    ``io_callback(..., ordered=True)``): they thread a runtime token through the program."""
+    from jax._src import effects as _effects
+
+    return list(_effects.ordered_effects.filter_in(effects))
 
 
 def sharding_text(sharding: Any) -> str:

@@ -17,7 +17,9 @@ batched function, one per set of batched arguments).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
+import inspect
 import itertools
 import threading
 import weakref
@@ -30,7 +32,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _explain
+from . import _explain, _jax_compat
 from ._errors import KilnError
 
 __all__ = ["noinline", "NoinlineFunction"]
@@ -74,6 +76,24 @@ class _Sub:
 
     def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
         return [jax.core.ShapedArray(o.shape, o.dtype) for o in self.jaxpr(in_avals).out_avals]
+
+    def effects(self, in_avals: Sequence[Any]) -> Any:
+        """The side effects of this function (``jax.debug.print``, ``io_callback``), which the
+        noinline call carries, so it is never dead-code eliminated.
+
+        Raises:
+            KilnError: ordered effects, which cannot cross a separately compiled call.
+        """
+        effects = self.jaxpr(in_avals).effects
+        ordered = _jax_compat.ordered_effects(effects)
+        if ordered:
+            raise KilnError(
+                f"kiln.noinline: {self.name} has ordered side effects "
+                f"({', '.join(sorted({type(e).__name__ for e in ordered}))}); a separately "
+                "compiled function cannot take part in their ordering. Drop ordered=True "
+                "(jax.debug.print / io_callback), or do not make this function noinline"
+            )
+        return effects
 
     def inline_fn(self, in_avals: Sequence[Any]) -> Callable[..., Any]:
         """A ``jax.jit`` of this function's jaxpr: what tier-up lowers in place of the callback
@@ -130,8 +150,9 @@ def _impl(*args: Any, fn: _Sub) -> list[Any]:
     return fn(*args)
 
 
-def _abstract_eval(*avals: Any, fn: _Sub) -> list[Any]:
-    return fn.out_avals(_avals(avals))
+def _abstract_eval(*avals: Any, fn: Any) -> tuple[list[Any], Any]:
+    in_avals = _avals(avals)
+    return fn.out_avals(in_avals), fn.effects(in_avals)
 
 
 def _avals(avals: Sequence[Any]) -> list[Any]:
@@ -151,9 +172,10 @@ def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
         _explain.bump(noinline_calls=1)
         return [np.asarray(o) for o in fn(*xs)]
 
+    effects = fn.effects(_avals(ctx.avals_in))
     result, _, keepalive = mlir.emit_python_callback(
         ctx, host, None, list(args), ctx.avals_in, ctx.avals_out,
-        has_side_effect=False, sharding=None,
+        has_side_effect=bool(effects), sharding=None,
     )
     ctx.module_context.add_keepalive(keepalive)
     return result
@@ -340,7 +362,7 @@ def _batch(args: Sequence[Any], dims: Sequence[Any], *, fn: Any) -> Any:
 
 
 noinline_p.def_impl(_impl)
-noinline_p.def_abstract_eval(_abstract_eval)
+noinline_p.def_effectful_abstract_eval(_abstract_eval)
 mlir.register_lowering(noinline_p, _lowering)
 ad.primitive_jvps[noinline_p] = _jvp
 ad.primitive_transposes[noinline_p] = _transpose
@@ -348,8 +370,9 @@ batching.primitive_batchers[noinline_p] = _batch
 
 
 # -- public wrapper ---------------------------------------------------------------------------
-class _OutTree(dict[str, Any]):
-    """Where a flat function leaves its output pytree structure; not part of any key."""
+class _OutTree(dict[Any, Any]):
+    """Where a flat function leaves its output pytree structure, per input avals (it may
+    depend on shapes); not part of any key."""
 
     def __kiln_digest__(self) -> bytes:
         return b"out-tree-holder"
@@ -377,6 +400,24 @@ class NoinlineFunction:
         self._static_argnames = frozenset(
             (static_argnames,) if isinstance(static_argnames, str) else static_argnames
         )
+        try:
+            params = list(inspect.signature(fun).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        known = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if params and not any(p.kind == p.VAR_KEYWORD for p in params):
+            for n in sorted(self._static_argnames - set(known)):
+                close = difflib.get_close_matches(n, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"kiln.noinline: static_argnames: {getattr(fun, '__name__', fun)!r} has no "
+                    f"parameter {n!r}; its parameters are {known}.{hint}"
+                )
+        # positional parameters, so a static argument may be passed by position too
+        self._positional = [
+            (p.name, p.kind == p.POSITIONAL_ONLY) for p in params
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         self._subs: dict[Any, tuple[_Sub, _OutTree]] = {}
         self._dispatch: dict[Any, _Dispatch] = {}
         self._lock = threading.Lock()
@@ -403,7 +444,8 @@ class NoinlineFunction:
                 def flat(*leaves: Any) -> list[Any]:
                     args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
                     result = fun(*args, **kwargs, **statics)
-                    out_leaves, out["tree"] = jax.tree_util.tree_flatten(result)
+                    out_leaves, tree = jax.tree_util.tree_flatten(result)
+                    out[tuple(_avals([jax.typeof(x) for x in leaves]))] = tree
                     return out_leaves
 
                 name = f"{getattr(fun, '__qualname__', 'fun')}[noinline]"
@@ -412,21 +454,43 @@ class NoinlineFunction:
             return got
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """(leaves, (treedef, statics, static_key), sub-function, output tree)."""
         from ._hashing import static_digest
 
+        # arguments that can be passed by name are, so f(x, 2, y) and f(x, n=2, y=y) share
+        # one sub-function, and a static argument may be passed by position
+        only = sum(1 for _, po in self._positional if po)
+        if len(args) <= len(self._positional):
+            named = {name: a for (name, _), a in zip(self._positional[only:], args[only:],
+                                                     strict=False)}
+            args, kwargs = tuple(args[:only]), {**named, **kwargs}
+        else:
+            kwargs = dict(kwargs)
+        positional_statics = [
+            name for name, _ in self._positional[: len(args)] if name in self._static_argnames
+        ]
+        if positional_statics:
+            name = getattr(self._fun, "__name__", self._fun)
+            raise TypeError(
+                f"kiln.noinline: pass the static argument {positional_statics[0]!r} of "
+                f"{name!r} by keyword (it is positional-only or followed by *args)"
+            )
         statics = {k: kwargs.pop(k) for k in list(kwargs) if k in self._static_argnames}
         static_key = tuple(
             (k, static_digest(v, argname=k)) for k, v in sorted(statics.items())
         )
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         sub, out = self._sub(treedef, statics, static_key)
-        if "tree" not in out:
-            sub.out_avals(_avals([jax.typeof(x) for x in leaves]))
-        return leaves, (treedef, statics, static_key), sub, out
+        avals = tuple(_avals([jax.typeof(x) for x in leaves]))
+        tree = out.get(avals)
+        if tree is None:
+            sub.out_avals(avals)  # traces the function at these avals: sets its output tree
+            tree = out[avals]
+        return leaves, (treedef, statics, static_key), sub, tree
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, _, sub, out = self._prepare(args, kwargs)
-        return jax.tree_util.tree_unflatten(out["tree"], noinline_p.bind(*leaves, fn=sub))
+        leaves, _, sub, tree = self._prepare(args, kwargs)
+        return jax.tree_util.tree_unflatten(tree, noinline_p.bind(*leaves, fn=sub))
 
 
 _registry: weakref.WeakValueDictionary[int, NoinlineFunction] = weakref.WeakValueDictionary()
@@ -500,16 +564,14 @@ class _Argument:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t = self.template
-        leaves, call, sub, out = t._prepare(args, kwargs)
+        leaves, call, sub, tree = t._prepare(args, kwargs)
         key = (call[0], call[2])
         with t._lock:
             d = t._dispatch.get(key)
             if d is None:
                 d = t._dispatch[key] = _Dispatch(t, call, sub.name)
         handle = jax.numpy.asarray(self.handle, dtype=jax.numpy.int32)
-        return jax.tree_util.tree_unflatten(
-            out["tree"], noinline_p.bind(handle, *leaves, fn=d)
-        )
+        return jax.tree_util.tree_unflatten(tree, noinline_p.bind(handle, *leaves, fn=d))
 
 
 class _Dispatch:
@@ -536,6 +598,9 @@ class _Dispatch:
 
     def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
         return self.resolve(self.template).out_avals(in_avals[1:])
+
+    def effects(self, in_avals: Sequence[Any]) -> Any:
+        return self.resolve(self.template).effects(in_avals[1:])
 
     def derived(self, step: tuple[Any, ...]) -> _Dispatch:
         with self._lock:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -93,7 +95,7 @@ def start(miss: _Miss, table_key: Any) -> None:
     (the argument leaves are still alive, even if donated).
     """
     thread = threading.Thread(
-        target=_run, args=(miss, table_key, structs(miss.leaves)),
+        target=_run, args=(miss, table_key, structs(miss.leaves), _jax_compat.local_config()),
         name=f"kiln tier-up {miss.jf._name}", daemon=True,
     )
     with _pending_lock:
@@ -118,9 +120,11 @@ def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
         return jax.jit(inlined, donate_argnums=donate).trace(*args).lower()
 
 
-def _run(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
+def _run(miss: _Miss, table_key: Any, structs: list[Any], config: list[Any]) -> None:
     try:
-        _tier_up(miss, table_key, structs)
+        # the caller's thread-local jax config (a `with jax.enable_x64(True):` block, ...)
+        with _jax_compat.apply_local_config(config):
+            _tier_up(miss, table_key, structs)
     except Exception as e:  # noqa: BLE001 - tier-up is an optimization: never break the program
         logger.warning(
             "kiln: tier-up of %s failed (%s: %s); it keeps calling its noinline functions",
@@ -143,6 +147,9 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
     assert miss.traced is not None and miss.lowered is not None  # internal invariant
     closed = miss.traced.jaxpr
     lowered = lower_inlined(miss, structs)
+    want, got = _arg_avals(miss.lowered), _arg_avals(lowered)
+    if want != got:  # never swap in or store an executable of another signature
+        raise RuntimeError(f"inlined program takes {got}, the program {want}")
     compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
     seconds = time.perf_counter() - t0
     static_out = miss.box.get("static_out")
@@ -178,10 +185,26 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
     miss._put(miss.key, header, sections)
 
 
+def _arg_avals(lowered: jax.stages.Lowered) -> list[str]:
+    return [str(a._aval) for a in jax.tree_util.tree_leaves(lowered.args_info)]
+
+
 @atexit.register
 def _wait_at_exit() -> None:
     with _pending_lock:
         names = sorted(t.name for t in _pending)
-    if names:
-        logger.info("kiln: waiting for %s to store the inlined program", ", ".join(names))
+    if not names:
+        return
+    logger.info("kiln: waiting for %s to store the inlined program", ", ".join(names))
+    try:
         wait_for_tier_up()
+    except KeyboardInterrupt:
+        # the tier-up thread is inside XLA: letting the interpreter finalize around it aborts
+        # the process (SIGABRT), so leave now; the stored first program tiers up next time
+        sys.stderr.write(
+            "kiln: interrupted while compiling the inlined program in the background; "
+            "it was not stored\n"
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
