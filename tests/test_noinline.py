@@ -144,10 +144,11 @@ def test_noinline_functions_swap_as_arguments_without_recompiling(jit):
     traces: list[int] = []
     outer = jit(_swap_outer(traces))
     x = jnp.linspace(0.0, 1.0, 4)
-    np.testing.assert_allclose(outer(f1, x), jnp.sin(jnp.sin(x) * 2.0 * 3.0) * 2.0, rtol=1e-6)
-    compiles = kiln.stats().compiles
-    np.testing.assert_allclose(outer(f2, x), (lambda y: jnp.cos(y) + y)((jnp.cos(x) + x) * 3.0),
+    np.testing.assert_allclose(outer(f1.dynamic(), x), jnp.sin(jnp.sin(x) * 2.0 * 3.0) * 2.0,
                                rtol=1e-6)
+    compiles = kiln.stats().compiles
+    np.testing.assert_allclose(outer(f2.dynamic(), x),
+                               (lambda y: jnp.cos(y) + y)((jnp.cos(x) + x) * 3.0), rtol=1e-6)
     assert len(traces) == 1  # the caller was traced once, for f1
     assert kiln.stats().compiles == compiles + 1  # f2's own executable, not the caller's
 
@@ -155,9 +156,31 @@ def test_noinline_functions_swap_as_arguments_without_recompiling(jit):
     g = jit(jax.grad(lambda f, x: _swap_outer([])(f, x).sum(), argnums=1))
     for f, plain in [(f1, lambda x: jnp.sin(x) * 2.0), (f2, lambda x: jnp.cos(x) + x)]:
         ref = jax.grad(lambda x, p=plain: p(p(x) * 3.0).sum())(x)
-        np.testing.assert_allclose(g(f, x), ref, rtol=1e-5)
+        np.testing.assert_allclose(g(f.dynamic(), x), ref, rtol=1e-5)
     v = jit(jax.vmap(_swap_outer([]), in_axes=(None, 0)))
-    np.testing.assert_allclose(v(f2, jnp.stack([x, x + 1.0]))[1], outer(f2, x + 1.0), rtol=1e-6)
+    np.testing.assert_allclose(v(f2.dynamic(), jnp.stack([x, x + 1.0]))[1],
+                               outer(f2.dynamic(), x + 1.0), rtol=1e-6)
+
+
+def test_a_noinline_function_itself_is_static_not_a_pytree_of_arrays():
+    import equinox as eqx
+
+    f1 = kiln.noinline(lambda x: jnp.sin(x))
+    f2 = kiln.noinline(lambda x: jnp.cos(x))
+    assert jax.tree.leaves({"f": f1}) == [f1]  # no int leaf for numerical tree maps to alter
+    traces: list[int] = []
+
+    @eqx.filter_jit
+    def outer(f, x):
+        traces.append(1)
+        return f(x)
+
+    x = jnp.ones(3)
+    np.testing.assert_allclose(outer(f1, x), jnp.sin(x), rtol=1e-6)
+    np.testing.assert_allclose(outer(f2, x), jnp.cos(x), rtol=1e-6)
+    assert len(traces) == 2  # static: one trace per function, as any function argument
+    with pytest.raises(TypeError):
+        jax.jit(lambda f, x: f(x))(f1, x)  # not a JAX type: pass f1.dynamic(), or make it static
 
 
 def test_swapped_function_with_other_outputs_and_batched_functions_are_refused():
@@ -165,16 +188,19 @@ def test_swapped_function_with_other_outputs_and_batched_functions_are_refused()
     f3 = kiln.noinline(lambda x: x.sum())
     outer = jax.jit(lambda f, x: f(x))
     x = jnp.ones(3)
-    outer(f1, x)
-    with pytest.raises(Exception, match=r"returns \['float32\[\]'\] where the program was "
-                                        r"traced with .* returning \['float32\[3\]'\]"):
-        outer(f3, x)
+    outer(f1.dynamic(), x)
+    # raised in the host callback: jax re-raises it as its callback error, with kiln's message
+    with pytest.raises(Exception,  # noqa: B017 - ValueError or JaxRuntimeError, by jax's path
+                       match=r"returns \['float32\[\]'\] where the program was "
+                             r"traced with .* returning \['float32\[3\]'\]"):
+        outer(f3.dynamic(), x)
     # pytree round trips outside a trace give the function back
-    leaves, treedef = jax.tree.flatten(f1)
-    assert jax.tree.unflatten(treedef, leaves) is f1
-    assert jax.tree.unflatten(treedef, jax.tree.leaves(f3)) is f3
+    leaves, treedef = jax.tree.flatten(f1.dynamic())
+    assert jax.tree.unflatten(treedef, leaves).template is f1
+    assert jax.tree.unflatten(treedef, jax.tree.leaves(f3.dynamic())).template is f3
+    np.testing.assert_array_equal(jax.tree.unflatten(treedef, leaves)(x), f1(x))
     with pytest.raises(kiln.KilnError, match="a batch of noinline functions"):
-        jax.tree.map(lambda a, b: jnp.stack([a, b]), f1, f3)
+        jax.tree.map(lambda a, b: jnp.stack([a, b]), f1.dynamic(), f3.dynamic())
     with pytest.raises(kiln.KilnError, match="vmap over a batch of noinline functions"):
         jax.vmap(lambda h, x: jax.tree.unflatten(treedef, [h])(x))(
             jnp.array([leaves[0], leaves[0]]), jnp.ones((2, 3)))

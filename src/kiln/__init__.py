@@ -17,6 +17,7 @@ from ._explain import reset_stats as reset_stats
 from ._explain import stats as stats
 from ._jit import JitFunction as JitFunction
 from ._jit import jit as jit
+from ._noinline import DynamicNoinline as DynamicNoinline
 from ._noinline import NoinlineFunction as NoinlineFunction
 from ._noinline import noinline as noinline
 from ._tier_up import wait_for_tier_up as wait_for_tier_up
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Config",
     "ConfigError",
+    "DynamicNoinline",
     "EntryError",
     "JitFunction",
     "KilnError",

@@ -35,7 +35,7 @@ from jax.interpreters import ad, batching, mlir
 from . import _explain, _jax_compat
 from ._errors import KilnError
 
-__all__ = ["noinline", "NoinlineFunction"]
+__all__ = ["noinline", "NoinlineFunction", "DynamicNoinline"]
 
 noinline_p = Primitive("kiln_noinline")
 noinline_p.multiple_results = True
@@ -282,9 +282,10 @@ def _transpose_sub(fn: _Sub, linear: tuple[bool, ...], lin_shapes: tuple[Any, ..
                 full = [next(it_l) if lin else next(it_k) for lin in linear]
                 return fn.flat_fun(*full)
 
-            zeros = [np.zeros(shape, dtype) for shape, dtype in lin_shapes]
-            _, vjp = jax.vjp(of_linear, *zeros)
-            return list(vjp(list(c)))
+            # linear_transpose rather than a vjp at zeros: the jvp of a custom_vjp function
+            # (diffrax's checkpointed loops) is a custom_lin, transposable, not differentiable
+            structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in lin_shapes]
+            return list(jax.linear_transpose(of_linear, *structs)(list(c)))
 
         return _Sub(transposed, _derived_name(fn.name, "transpose"), fn.module, tier_up=fn.tier_up)
 
@@ -422,16 +423,32 @@ class NoinlineFunction:
         self._dispatch: dict[Any, _Dispatch] = {}
         self._lock = threading.Lock()
         with _registry_lock:
-            # its value as a pytree leaf: an outer program that takes this function as an
-            # argument calls whichever function the handle names (no retrace, no recompile)
+            # the leaf of self.dynamic(): a program taking it calls whichever function the
+            # handle names (no retrace, no recompile)
             self._handle = np.asarray(next(_next_handle), dtype=np.int32)
             _registry[int(self._handle)] = self
 
-    # the fingerprint walk follows __wrapped__ (the code), not the process-local handle
-    _kiln_walk_wrapped = True
-
     def __repr__(self) -> str:
         return f"<kiln.noinline {getattr(self._fun, '__qualname__', self._fun)!r}>"
+
+    def dynamic(self) -> DynamicNoinline:
+        """This function as a dynamic argument of a jitted program: exchanging it for another
+        noinline function with the same static argument names and output avals reuses the
+        program's trace and executable (see :class:`DynamicNoinline`).
+
+        A :class:`NoinlineFunction` itself is not a JAX type: pass it as a static argument
+        (``static_argnames``, or to ``equinox.filter_jit`` / :func:`kiln.jit`, which treat it as
+        static), or call it from the program's body.
+
+        Example:
+            >>> import jax, jax.numpy as jnp, kiln
+            >>> sin2 = kiln.noinline(lambda x: jnp.sin(x) * 2)
+            >>> cos2 = kiln.noinline(lambda x: jnp.cos(x) * 2)
+            >>> apply = jax.jit(lambda f, x: f(x) + 1)
+            >>> [round(float(apply(f.dynamic(), jnp.float32(0.0))), 3) for f in (sin2, cos2)]
+            [1.0, 3.0]
+        """
+        return DynamicNoinline(self, self._handle)
 
     def _sub(self, treedef: Any, statics: dict[str, Any], static_key: Any) -> Any:
         key = (treedef, static_key)
@@ -499,9 +516,10 @@ _next_handle = itertools.count()
 
 
 class _Interface:
-    """A noinline function's pytree aux data: every noinline function with the same static
-    argument names has the same interface, so swapping one for another as an argument of a
-    jitted program keeps its cache key (as ``equinox.internal.noinline``'s ``abstract_fn``)."""
+    """The pytree aux data of a :class:`DynamicNoinline`: every noinline function with the
+    same static argument names has the same interface, so exchanging one for another as an
+    argument of a jitted program keeps its cache key (as ``equinox.internal.noinline``'s
+    ``abstract_fn``)."""
 
     __slots__ = ("template",)
 
@@ -521,22 +539,57 @@ class _Interface:
         return "kiln.noinline interface: " + ",".join(self._id())
 
 
-def _flatten(f: NoinlineFunction) -> tuple[tuple[Any], _Interface]:
-    return (f._handle,), _Interface(f)
+class DynamicNoinline:
+    """A :class:`NoinlineFunction` as a *dynamic* argument (from ``f.dynamic()``): a pytree
+    whose one leaf is the function's int32 handle, so a jitted program taking it runs any noinline
+    function with the same static argument names and output avals without retracing or
+    recompiling. Calls inside the program go to whichever function the handle names when it runs
+    (a host callback into that function's executable; never inlined by tier-up).
+
+    Its leaf is an int32 array: keep it out of numerical tree maps (``eqx.is_inexact_array``
+    filters it out), since a changed handle names another function.
+    """
+
+    # the fingerprint walk follows __wrapped__ (the code), not the process-local handle
+    _kiln_walk_wrapped = True
+
+    def __init__(self, template: NoinlineFunction, handle: Any) -> None:
+        self.template = template
+        self.handle = handle
+        self.__wrapped__ = template._fun
+
+    def __repr__(self) -> str:
+        return f"<kiln.noinline {getattr(self.template._fun, '__qualname__', '?')!r} (dynamic)>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = self.template
+        if self.handle is t._handle:  # not traced: this very function
+            return t(*args, **kwargs)
+        leaves, call, sub, tree = t._prepare(args, kwargs)
+        key = (call[0], call[2])
+        with t._lock:
+            d = t._dispatch.get(key)
+            if d is None:
+                d = t._dispatch[key] = _Dispatch(t, call, sub.name)
+        handle = jax.numpy.asarray(self.handle, dtype=jax.numpy.int32)
+        return jax.tree_util.tree_unflatten(tree, noinline_p.bind(handle, *leaves, fn=d))
+
+
+def _flatten(f: DynamicNoinline) -> tuple[tuple[Any], _Interface]:
+    return (f.handle,), _Interface(f.template)
 
 
 def _unflatten(aux: _Interface, children: Sequence[Any]) -> Any:
     (handle,) = children
-    if handle is aux.template._handle:
-        return aux.template
     if isinstance(handle, np.ndarray | np.generic | jax.Array) and not isinstance(
         handle, jax.core.Tracer
     ):
-        return _lookup(handle)
-    return _Argument(aux.template, handle)  # traced: resolved at run time, on the host
+        f = _lookup(handle)
+        return DynamicNoinline(f, f._handle)
+    return DynamicNoinline(aux.template, handle)  # traced: resolved at run time, on the host
 
 
-jax.tree_util.register_pytree_node(NoinlineFunction, _flatten, _unflatten)
+jax.tree_util.register_pytree_node(DynamicNoinline, _flatten, _unflatten)
 
 
 def _lookup(handle: Any) -> NoinlineFunction:
@@ -550,28 +603,8 @@ def _lookup(handle: Any) -> NoinlineFunction:
     except (KeyError, TypeError, ValueError):
         raise KilnError(
             f"no kiln.noinline function has handle {handle!r} in this process (handles are "
-            "process-local: pass the function itself, not its handle)"
+            "process-local: pass f.dynamic(), not a number)"
         ) from None
-
-
-class _Argument:
-    """A noinline function received as an argument of a traced program: calls go to whichever
-    function the (traced) handle names when the program runs."""
-
-    def __init__(self, template: NoinlineFunction, handle: Any) -> None:
-        self.template = template
-        self.handle = handle
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        t = self.template
-        leaves, call, sub, tree = t._prepare(args, kwargs)
-        key = (call[0], call[2])
-        with t._lock:
-            d = t._dispatch.get(key)
-            if d is None:
-                d = t._dispatch[key] = _Dispatch(t, call, sub.name)
-        handle = jax.numpy.asarray(self.handle, dtype=jax.numpy.int32)
-        return jax.tree_util.tree_unflatten(tree, noinline_p.bind(handle, *leaves, fn=d))
 
 
 class _Dispatch:
