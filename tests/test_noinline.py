@@ -34,10 +34,10 @@ def test_many_call_sites_and_programs_compile_it_once():
     np.testing.assert_allclose(p1(Y, A), _outer(_vf_inlined, Y, A, 8), rtol=1e-6)
     np.testing.assert_allclose(p2(Y, A), _outer(_vf_inlined, Y, A, 3) + 1.0, rtol=1e-6)
     kiln.wait_for_tier_up()
-    # vf once (8 + 3 call sites, 2 programs) + the kiln.jit outer program p2 + p2's inlined
-    # form (tier-up, in the background)
-    assert kiln.stats().compiles - before == 3
-    assert kiln.stats().tier_ups == 1
+    # vf once (8 call sites of p1) + the kiln.jit program p2, which kiln compiled inlined
+    # directly (vf is a small share of it: tests/test_tier_up.py)
+    assert kiln.stats().compiles - before == 2
+    assert kiln.stats().noinline_calls == 8 and kiln.stats().tier_ups == 0
 
 
 @pytest.mark.parametrize("wrap", [lambda f: f, jax.jit], ids=["eager", "jit"])

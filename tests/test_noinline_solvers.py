@@ -127,9 +127,20 @@ def test_grad_through_backsolve_adjoint_equals_inlined():
 
 
 # -- kiln.jit outer program: tier-up -----------------------------------------------------------
-def test_kiln_jit_outer_tiers_up_to_the_inlined_result():
+def test_kiln_jit_outer_compiles_a_solve_around_a_small_vector_field_inlined_directly():
+    # the vector field is a tiny share of the solver: a host-callback tier would only slow the
+    # first run down, so kiln compiles the inlined program straight away (no tier-up needed)
+    vf = _fresh_vf()
+    out = kiln.jit(lambda y0, r: _solve(vf, y0, r))(Y0, RATES)
+    np.testing.assert_allclose(out, _reference(), rtol=1e-5)
+    s = kiln.stats()
+    assert s.compiles == 1 and s.noinline_calls == 0 and s.tier_ups == 0
+
+
+def test_kiln_jit_outer_tiers_up_to_the_inlined_result(monkeypatch):
     # diffeqsolve is an eqx.filter_jit: while a noinline function was a pytree of an int32
     # handle, equinox traced it, and the solve never tiered up
+    monkeypatch.setattr(kiln._tier_up, "DIRECT_RATIO", 0.0)  # always the callback tier first
     vf = _fresh_vf()
     program = kiln.jit(lambda y0, r: _solve(vf, y0, r))
     before = program(Y0, RATES)

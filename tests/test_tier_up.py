@@ -34,6 +34,12 @@ def _program(sub, sites=3):
 
 
 X, W = jnp.linspace(-1.0, 1.0, 8), jnp.full((4, 8), 0.7)
+
+
+@pytest.fixture(autouse=True)
+def _callback_tier_first(monkeypatch):
+    """These tests are about tier-up: never skip the host-callback tier for small programs."""
+    monkeypatch.setattr(_tier_up, "DIRECT_RATIO", 0.0)
 REF = jax.jit(_program(_layers))(X, W)
 
 
@@ -127,6 +133,24 @@ def test_tier_up_off_per_function_and_globally():
             del os.environ["KILN_TIER_UP"]
 
 
+def test_small_share_of_noinline_code_compiles_inlined_directly(monkeypatch, caplog):
+    monkeypatch.setattr(_tier_up, "DIRECT_RATIO", 2.0)  # the default
+    tiny = kiln.noinline(lambda x, w: jnp.tanh(x * w[0]))
+    f = kiln.jit(lambda x, w: (x + jnp.sin(x).sum() * w).sum() + tiny(x, w).sum())
+    with caplog.at_level(logging.DEBUG, logger="kiln"):
+        out, calls = _host_calls(f, X, W)
+    assert calls == 0  # no host-callback tier: the first executable is the inlined one
+    s = kiln.stats()
+    assert s.compiles == 1 and s.tier_ups == 0
+    assert any("compiling the program inlined directly" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(out, (X + jnp.sin(X).sum() * W).sum() + jnp.tanh(X * W[0]).sum(),
+                               rtol=1e-6)
+    # many call sites of a bigger function: the callback tier first, then tier-up
+    g = kiln.jit(_program(kiln.noinline(_layers), sites=8))
+    _, calls = _host_calls(g, X, W)
+    assert calls == 8
+
+
 def test_programs_too_big_once_inlined_keep_calling(monkeypatch, caplog):
     monkeypatch.setattr(_tier_up, "MAX_EQUATIONS", 10)
     f = kiln.jit(_program(kiln.noinline(_layers), sites=4))
@@ -168,7 +192,7 @@ def layers(x, w):
 
 @kiln.jit
 def outer(x, w):
-    for _ in range(3):
+    for _ in range(6):  # enough call sites for the host-callback tier to come first
         x = layers(x, w)
     return x
 
@@ -197,7 +221,7 @@ def _run(tmp_path, scale, *args, **env_extra):
 
 def _expected(scale):
     x, w = np.linspace(-1.0, 1.0, 8, dtype=np.float32), np.full((4, 8), 0.7, np.float32)
-    for _ in range(3):
+    for _ in range(6):
         for i in range(4):
             x = np.tanh(x * w[i] * scale + 0.1 * i)
     return x
@@ -208,7 +232,7 @@ def test_the_inlined_program_is_stored_and_a_warm_process_runs_it(tmp_path):
     # the first process exits without waiting: kiln waits at exit, so the inlined form lands
     cold = _run(tmp_path, 1.0)
     # outer and layers (the tier-up compile may or may not have finished): not inlined yet
-    assert cold["compiles"] in (2, 3) and cold["noinline_calls"] == 3
+    assert cold["compiles"] in (2, 3) and cold["noinline_calls"] == 6
     warm = _run(tmp_path, 1.0)
     # the stored inlined executable: no trace, no compile, no host round trip
     assert warm == {**warm, "hits": 1, "traces": 0, "compiles": 0, "noinline_calls": 0}
@@ -233,7 +257,7 @@ def test_a_changed_noinline_function_is_never_run_inlined_stale(tmp_path):
 @pytest.mark.slow
 def test_an_entry_stored_with_tier_up_off_tiers_up_in_a_later_process(tmp_path):
     off = _run(tmp_path, 1.0, KILN_TIER_UP="0")
-    assert off["noinline_calls"] == 3
+    assert off["noinline_calls"] == 6
     later = _run(tmp_path, 1.0, "wait")  # loads the not-inlined entry, tiers up, stores
     assert later["hits"] >= 1 and later["compiles"] == 0
     warm = _run(tmp_path, 1.0)

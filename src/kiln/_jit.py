@@ -892,12 +892,35 @@ class _Miss:
             return False
         return True
 
+    def _inline_directly(self) -> bool:
+        """Whether to skip the host-callback tier: inlining the noinline calls makes the program
+        at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
+        assert self.traced is not None  # internal invariant: called after tracing
+        jaxpr = self.traced.jaxpr.jaxpr
+        inlined, separate = _noinline.inlined_size(jaxpr), _noinline.separate_size(jaxpr)
+        if inlined > _tier_up.DIRECT_RATIO * separate:
+            return False
+        self._explain(
+            "tier-up",
+            f"compiling the program inlined directly: inlined it has {inlined} equations, "
+            f"its separately compiled pieces {separate}",
+        )
+        return True
+
     def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
         self._log_memory_reason()
         lowered = self._trace_lower()
         self.key = key
         candidate = self._tier_up_candidate()
         self.tier_up = candidate and self.cfg.tier_up
+        if self.tier_up and self._inline_directly():
+            self.tier_up = False
+            with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
+                result = _tier_up.compile_and_store_inlined(
+                    self, _tier_up.structs(self.leaves), t_start
+                )
+            _explain.bump(misses=1)
+            return result
         t0 = time.perf_counter()
         with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
             compiled = lowered.compile()

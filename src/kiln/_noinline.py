@@ -238,6 +238,14 @@ def called_names(jaxpr: Any) -> list[str]:
     return sorted(names)
 
 
+def separate_size(jaxpr: Any) -> int:
+    """Equations compiled when ``jaxpr``'s tier-up noinline calls stay calls: its own (each call
+    one equation) plus each distinct noinline function's, once."""
+    return sum(1 for _ in _walk(jaxpr)) + sum(
+        sum(1 for _ in _walk(sub.jaxpr)) for _, sub in calls_in(jaxpr)
+    )
+
+
 def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
     """``(sub-function, its closed jaxpr)`` for every tier-up noinline function that inlining
     ``jaxpr`` would bring in, nested calls included (each once)."""

@@ -37,13 +37,18 @@ from ._fingerprint import manifest_for
 if TYPE_CHECKING:
     from ._jit import _Miss
 
-__all__ = ["wait_for_tier_up", "MAX_EQUATIONS"]
+__all__ = ["wait_for_tier_up", "MAX_EQUATIONS", "DIRECT_RATIO"]
 
 logger = logging.getLogger("kiln")
 
 # Above this many equations once inlined (a recursive noinline function grows exponentially),
 # a program keeps calling its noinline functions instead of tiering up.
 MAX_EQUATIONS = 50_000
+
+# Compile the inlined program directly, with no host-callback tier first, when inlining makes
+# the program at most this many times larger than compiling its pieces separately (a small
+# vector field inside a big solver: the callbacks would only slow the first run down).
+DIRECT_RATIO = 2.0
 
 _pending: set[threading.Thread] = set()
 _pending_lock = threading.Lock()
@@ -136,53 +141,60 @@ def _run(miss: _Miss, table_key: Any, structs: list[Any], config: list[Any]) -> 
 
 
 def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
-    from ._jit import _with_static_outputs
-
     jf = miss.jf
     t0 = time.perf_counter()
     if miss.traced is None:  # loaded without tracing: trace now (in this thread)
         miss._trace_lower()
         if not miss._tier_up_candidate():
             return
-    assert miss.traced is not None and miss.lowered is not None  # internal invariant
-    closed = miss.traced.jaxpr
-    lowered = lower_inlined(miss, structs)
-    want, got = _arg_avals(miss.lowered), _arg_avals(lowered)
-    if want != got:  # never swap in or store an executable of another signature
-        raise RuntimeError(f"inlined program takes {got}, the program {want}")
-    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
-    seconds = time.perf_counter() - t0
-    static_out = miss.box.get("static_out")
-    sections: dict[str, bytes] | None
-    try:  # before the first run (an executable with a while loop refuses to serialize after)
-        sections, mode = _jax_compat.serialize_compiled(compiled)
-        if static_out is not None:
-            sections["static_out"] = _jax_compat.pickle_value(static_out)
-    except _jax_compat.Unserializable:
-        sections, mode = None, "none"
-    result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
+    result = compile_and_store_inlined(miss, structs, t0)
     with jf._lock:
         if table_key in jf._table:  # not cleared meanwhile
             jf._table[table_key] = result
             if jf._dispatch is not None:
                 jf._dispatch._clear_cache()  # type: ignore[attr-defined]
-    _explain.bump(compiles=1, tier_ups=1, compile_seconds=seconds)
+    _explain.bump(tier_ups=1)
     miss._explain("tier-up", f"inlined program swapped in (compiled in the background in "
-                             f"{seconds:.2f} s)")
-    if sections is None or miss.key is None or miss.key != miss.fp_key:
-        return  # keyed by the not-inlined lowering: the inlined form stays in this process
+                             f"{time.perf_counter() - t0:.2f} s)")
+
+
+def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
+    """Compile ``miss``'s program with its noinline calls inlined, store it (header ``tier:
+    inlined``) when its key is a fingerprint key, and return the callable executable."""
+    from ._jit import _with_static_outputs
+
+    assert miss.traced is not None and miss.lowered is not None  # internal invariant
+    lowered = lower_inlined(miss, args)
+    want, got = _arg_avals(miss.lowered), _arg_avals(lowered)
+    if want != got:  # never swap in or store an executable of another signature
+        raise RuntimeError(f"inlined program takes {got}, the program {want}")
+    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
+    seconds = time.perf_counter() - t0
+    _explain.bump(compiles=1, compile_seconds=seconds)
+    static_out = miss.box.get("static_out")
+    result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
+    if miss.key is None or miss.key != miss.fp_key:
+        return result  # keyed by the not-inlined lowering: the inlined form stays in process
+    try:  # before the first run (an executable with a while loop refuses to serialize after)
+        sections, mode = _jax_compat.serialize_compiled(compiled)
+        if static_out is not None:
+            sections["static_out"] = _jax_compat.pickle_value(static_out)
+    except _jax_compat.Unserializable as e:
+        miss._explain("unstorable", f"inlined program not stored: {e}")
+        return result
     # the inlined executable also depends on the noinline functions' own code
     codes = set(miss.calls)
-    for _, sub_jaxpr in _noinline.calls_in(closed.jaxpr):
+    for _, sub_jaxpr in _noinline.calls_in(miss.traced.jaxpr.jaxpr):
         codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
     manifest, reason = manifest_for(codes, miss.fp.codes)
     if reason is not None:
         miss._explain("tier-up", f"inlined program not stored: {reason}")
-        return
+        return result
     header = miss._header(mode, manifest, seconds, seconds)
     header["tier"] = "inlined"
     header["lapack"] = _jax_compat.uses_lapack(_jax_compat.lowered_text(lowered))
     miss._put(miss.key, header, sections)
+    return result
 
 
 def _arg_avals(lowered: jax.stages.Lowered) -> list[str]:
