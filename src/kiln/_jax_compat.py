@@ -343,6 +343,22 @@ def _ensure_cpu_kernels() -> None:
         _cpu_kernels_ready = True
 
 
+def eqns_in(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of ``jaxpr`` and of its sub-jaxprs (scan, while, cond, custom_jvp, pjit
+    bodies), each sub-jaxpr once."""
+    import jax.extend.core as jex
+
+    stack, seen = [jaxpr], set()
+    while stack:
+        j = stack.pop()
+        if id(j) in seen:
+            continue
+        seen.add(id(j))
+        for eqn in j.eqns:
+            yield eqn
+            stack.extend(getattr(s, "jaxpr", s) for s in jex.jaxprs_in_params(eqn.params))
+
+
 def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
     """Code objects of every Python frame that emitted an equation of ``closed_jaxpr``.
 
@@ -351,24 +367,13 @@ def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
     objects. Sub-jaxprs (scan, while, cond, custom_jvp, pjit bodies) are walked too. Far cheaper
     than a ``sys.settrace`` hook while tracing (which doubled a diffrax program's trace time).
     """
-    import jax.extend.core as jex
-
     codes: set[Any] = set()
     seen_tb: set[int] = set()
-    stack = [closed_jaxpr.jaxpr]
-    seen_jaxprs: set[int] = set()
-    while stack:
-        jaxpr = stack.pop()
-        if id(jaxpr) in seen_jaxprs:
-            continue
-        seen_jaxprs.add(id(jaxpr))
-        for eqn in jaxpr.eqns:
-            tb = getattr(eqn.source_info, "traceback", None)
-            if tb is not None and id(tb) not in seen_tb:
-                seen_tb.add(id(tb))
-                codes.update(tb.raw_frames()[0])
-            for sub in jex.jaxprs_in_params(eqn.params):
-                stack.append(sub)
+    for eqn in eqns_in(closed_jaxpr.jaxpr):
+        tb = getattr(eqn.source_info, "traceback", None)
+        if tb is not None and id(tb) not in seen_tb:
+            seen_tb.add(id(tb))
+            codes.update(tb.raw_frames()[0])
     return codes
 
 

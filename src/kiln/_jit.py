@@ -927,6 +927,18 @@ class _Miss:
         compile_s = time.perf_counter() - t0
         total = time.perf_counter() - t_start
         _explain.bump(misses=1, compiles=1, compile_seconds=total)
+        result, sections, mode = self._serialize(compiled)
+        if sections is None:
+            return result
+        header = self._header(mode, manifest, total, compile_s)
+        if candidate:
+            header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
+        self._put(key, header, sections)
+        return result
+
+    def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
+        """(the callable, its entry sections or None when it cannot be stored, callbacks mode).
+        Must run before the executable's first run (see ``serialize_compiled``)."""
         static_out = self.box.get("static_out")
         result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
         try:
@@ -935,12 +947,8 @@ class _Miss:
                 sections["static_out"] = _jax_compat.pickle_value(static_out)
         except _jax_compat.Unserializable as e:
             self._explain("unstorable", f"executable not stored: {e}")
-            return result
-        header = self._header(mode, manifest, total, compile_s)
-        if candidate:
-            header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
-        self._put(key, header, sections)
-        return result
+            return result, None, "none"
+        return result, sections, mode
 
     def _header(
         self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float

@@ -198,17 +198,9 @@ def inlining() -> Iterator[None]:
 
 
 def _walk(jaxpr: Any) -> Iterator[Any]:
-    """Every equation of ``jaxpr`` and its sub-jaxprs (scan / while / cond / pjit bodies), but
-    not inside noinline calls."""
-    stack, seen = [jaxpr], set()
-    while stack:
-        j = stack.pop()
-        if id(j) in seen:
-            continue
-        seen.add(id(j))
-        for eqn in j.eqns:
-            yield eqn
-            stack.extend(getattr(s, "jaxpr", s) for s in jex.jaxprs_in_params(eqn.params))
+    """Every equation of ``jaxpr`` and its sub-jaxprs, but not inside noinline calls (whose
+    functions are parameters, not sub-jaxprs)."""
+    return _jax_compat.eqns_in(jaxpr)
 
 
 def inlined_size(jaxpr: Any) -> int:

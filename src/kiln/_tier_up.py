@@ -161,8 +161,6 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
 def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     """Compile ``miss``'s program with its noinline calls inlined, store it (header ``tier:
     inlined``) when its key is a fingerprint key, and return the callable executable."""
-    from ._jit import _with_static_outputs
-
     assert miss.traced is not None and miss.lowered is not None  # internal invariant
     lowered = lower_inlined(miss, args)
     want, got = _arg_avals(miss.lowered), _arg_avals(lowered)
@@ -171,17 +169,9 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
     seconds = time.perf_counter() - t0
     _explain.bump(compiles=1, compile_seconds=seconds)
-    static_out = miss.box.get("static_out")
-    result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
-    if miss.key is None or miss.key != miss.fp_key:
+    result, sections, mode = miss._serialize(compiled)
+    if sections is None or miss.key is None or miss.key != miss.fp_key:
         return result  # keyed by the not-inlined lowering: the inlined form stays in process
-    try:  # before the first run (an executable with a while loop refuses to serialize after)
-        sections, mode = _jax_compat.serialize_compiled(compiled)
-        if static_out is not None:
-            sections["static_out"] = _jax_compat.pickle_value(static_out)
-    except _jax_compat.Unserializable as e:
-        miss._explain("unstorable", f"inlined program not stored: {e}")
-        return result
     # the inlined executable also depends on the noinline functions' own code
     codes = set(miss.calls)
     for _, sub_jaxpr in _noinline.calls_in(miss.traced.jaxpr.jaxpr):
