@@ -341,6 +341,9 @@ def test_side_effects_in_noinline_functions_survive_and_ordered_ones_are_refused
 
 
 SIGINT_PROG = r'''
+import logging
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+logging.getLogger("kiln").setLevel(logging.INFO)  # says when it starts waiting at exit
 import jax, jax.numpy as jnp, kiln
 
 @kiln.noinline
@@ -369,9 +372,15 @@ def test_ctrl_c_while_waiting_for_tier_up_at_exit_exits_cleanly(tmp_path):
     env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
     proc = subprocess.Popen([sys.executable, "-c", SIGINT_PROG], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().strip() == "first result"
-    time.sleep(0.5)  # now in kiln's exit wait, the inlined compile still running
+    seen = []
+    for line in proc.stderr:  # until kiln's exit wait has begun (the inlined compile running)
+        seen.append(line)
+        if "to store the inlined program" in line:
+            break
+    assert seen and "to store the inlined program" in seen[-1], "".join(seen)
+    time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err  # not SIGABRT (-6) from finalizing around XLA
