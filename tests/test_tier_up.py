@@ -341,7 +341,9 @@ def test_side_effects_in_noinline_functions_survive_and_ordered_ones_are_refused
 
 
 SIGINT_PROG = r'''
-import logging
+import logging, signal
+# a shell's background job ignores SIGINT, and children inherit that: Ctrl-C as in a terminal
+signal.signal(signal.SIGINT, signal.default_int_handler)
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
 logging.getLogger("kiln").setLevel(logging.INFO)  # says when it starts waiting at exit
 import jax, jax.numpy as jnp, kiln
