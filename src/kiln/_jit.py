@@ -649,6 +649,7 @@ class _Miss:
         self.tier_up = False
         self.key: str | None = None
         self.fp_key: str | None = None
+        self.inlined_size = 0  # equations once its noinline calls are inlined
         self.lowered_digest: str | None = None
         self.lapack = True
         self.calls: set[Any] = set()
@@ -882,7 +883,7 @@ class _Miss:
         jaxpr = self.traced.jaxpr.jaxpr
         if not _noinline.calls_in(jaxpr):
             return False
-        size = _noinline.inlined_size(jaxpr)
+        size = self.inlined_size = _noinline.inlined_size(jaxpr)
         if size > _tier_up.MAX_EQUATIONS:
             self._explain(
                 "tier-up",
@@ -896,8 +897,8 @@ class _Miss:
         """Whether to skip the host-callback tier: inlining the noinline calls makes the program
         at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
         assert self.traced is not None  # internal invariant: called after tracing
-        jaxpr = self.traced.jaxpr.jaxpr
-        inlined, separate = _noinline.inlined_size(jaxpr), _noinline.separate_size(jaxpr)
+        inlined = self.inlined_size  # set by _tier_up_candidate
+        separate = _noinline.separate_size(self.traced.jaxpr.jaxpr)
         if inlined > _tier_up.DIRECT_RATIO * separate:
             return False
         self._explain(

@@ -197,17 +197,11 @@ def inlining() -> Iterator[None]:
         _inlining.on = before
 
 
-def _walk(jaxpr: Any) -> Iterator[Any]:
-    """Every equation of ``jaxpr`` and its sub-jaxprs, but not inside noinline calls (whose
-    functions are parameters, not sub-jaxprs)."""
-    return _jax_compat.eqns_in(jaxpr)
-
-
 def inlined_size(jaxpr: Any) -> int:
     """Equations of ``jaxpr`` once its tier-up noinline calls are inlined, counting each call
     site (XLA inlines every call): a recursive ``fib(t)`` grows exponentially with ``t``."""
     total = 0
-    for eqn in _walk(jaxpr):
+    for eqn in _jax_compat.eqns_in(jaxpr):
         fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
         if fn is not None and fn.tier_up:
             total += fn.inlined_size(_avals([v.aval for v in eqn.invars]))
@@ -220,7 +214,7 @@ def called_names(jaxpr: Any) -> list[str]:
     """``module.name`` of every noinline function ``jaxpr`` calls directly (as their entries
     are named in the store; ``(argument)`` for functions passed as arguments), for ``kiln ls``."""
     names = set()
-    for eqn in _walk(jaxpr):
+    for eqn in _jax_compat.eqns_in(jaxpr):
         fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
         if isinstance(fn, _Sub):
             names.add(f"{fn.module}.{fn.name}")
@@ -233,8 +227,8 @@ def called_names(jaxpr: Any) -> list[str]:
 def separate_size(jaxpr: Any) -> int:
     """Equations compiled when ``jaxpr``'s tier-up noinline calls stay calls: its own (each call
     one equation) plus each distinct noinline function's, once."""
-    return sum(1 for _ in _walk(jaxpr)) + sum(
-        sum(1 for _ in _walk(sub.jaxpr)) for _, sub in calls_in(jaxpr)
+    return sum(1 for _ in _jax_compat.eqns_in(jaxpr)) + sum(
+        sum(1 for _ in _jax_compat.eqns_in(sub.jaxpr)) for _, sub in calls_in(jaxpr)
     )
 
 
@@ -244,7 +238,7 @@ def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
     out: dict[tuple[int, tuple[Any, ...]], tuple[_Sub, Any]] = {}
     stack = [jaxpr]
     while stack:
-        for eqn in _walk(stack.pop()):
+        for eqn in _jax_compat.eqns_in(stack.pop()):
             fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
             if fn is None or not fn.tier_up:
                 continue
