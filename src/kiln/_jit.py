@@ -236,6 +236,16 @@ class JitFunction:
             None if self._has_statics
             else _jax_compat.make_dispatcher(self._name, self._python_call)
         )
+        if self._dispatch is not None:
+            # Python looks __call__ up on the type: in a class of its own whose __call__ is the
+            # C++ dispatcher, a cached signature runs with no Python frame in between. A Python
+            # __call__ forwarding to it cost 2.4-5 us per call (1.03-1.16x jax.jit,
+            # benchmarks/per_call.py and benchmarks/noinline.py's steady state).
+            self.__class__ = type(
+                "JitFunction", (JitFunction,),
+                {"__call__": staticmethod(self._dispatch), "__slots__": (),
+                 "__module__": JitFunction.__module__, "__qualname__": "JitFunction"},
+            )
         _note_creation(fun)
 
     # -- descriptor protocol: @kiln.jit on a method ---------------------------------------
@@ -420,9 +430,8 @@ class JitFunction:
         return key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._dispatch is not None:
-            # C++ fast path (as jax.jit's): Python only runs on signatures it has not cached
-            return self._dispatch(*args, **kwargs)
+        # with static arguments; without, __init__ makes the C++ dispatcher (as jax.jit's)
+        # __call__: Python only runs on signatures it has not cached
         return self._python_call(args, kwargs)[0]
 
     def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
