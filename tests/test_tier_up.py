@@ -137,11 +137,16 @@ def test_small_share_of_noinline_code_compiles_inlined_directly(monkeypatch, cap
     monkeypatch.setattr(_tier_up, "DIRECT_RATIO", 2.0)  # the default
     tiny = kiln.noinline(lambda x, w: jnp.tanh(x * w[0]))
     f = kiln.jit(lambda x, w: (x + jnp.sin(x).sum() * w).sum() + tiny(x, w).sum())
+    lowerings = []
+    lower = jax.stages.Traced.lower
+    monkeypatch.setattr(jax.stages.Traced, "lower",
+                        lambda self, *a, **k: lowerings.append(1) or lower(self, *a, **k))
     with caplog.at_level(logging.DEBUG, logger="kiln"):
         out, calls = _host_calls(f, X, W)
     assert calls == 0  # no host-callback tier: the first executable is the inlined one
     s = kiln.stats()
-    assert s.compiles == 1 and s.tier_ups == 0
+    assert s.compiles == 1 and s.tier_ups == 0 and s.traces == 1
+    assert len(lowerings) == 1  # only the inlined form is lowered
     assert any("compiling the program inlined directly" in r.getMessage() for r in caplog.records)
     np.testing.assert_allclose(out, (X + jnp.sin(X).sum() * W).sum() + jnp.tanh(X * W[0]).sum(),
                                rtol=1e-6)

@@ -40,7 +40,7 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "peek_header"
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: an inlined (tier-up) entry's "lowered" is its inlined module's
 _PREFIX = struct.Struct("<8sIIQB7x")
 _DIGEST_SIZE = 32
 

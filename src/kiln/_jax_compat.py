@@ -7,6 +7,7 @@ kiln imports ``jax._src``; when jax changes, this is the one file to port.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import io
 import pickle
@@ -144,6 +145,12 @@ def host_callbacks(lowered: jax.stages.Lowered) -> list[Any]:
 def lowered_text(lowered: jax.stages.Lowered) -> str:
     """The lowered StableHLO module as text (no debug locations), for audit digests."""
     return lowered.as_text()
+
+
+def lowered_facts(lowered: jax.stages.Lowered) -> tuple[str, bool]:
+    """(sha256 of the lowered module's text, whether it calls LAPACK)."""
+    text = lowered_text(lowered)
+    return hashlib.sha256(text.encode()).hexdigest(), uses_lapack(text)
 
 
 _singletons: dict[type, dict[int, str]] = {}

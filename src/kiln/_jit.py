@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
 import inspect
 import logging
 import os
@@ -721,18 +720,33 @@ class _Miss:
     def _explain(self, kind: str, message: str) -> None:
         _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
 
-    def _trace_lower(self) -> jax.stages.Lowered:
-        if self.lowered is None:
+    def _trace(self) -> jax.stages.Traced:
+        if self.traced is None:
             t0 = time.perf_counter()
             traced = self.traced = self.jitted.trace(*self.leaves)
             self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr)
             _explain.bump(traces=1)
+            self.trace_seconds += time.perf_counter() - t0
+        return self.traced
+
+    def _trace_lower(self) -> jax.stages.Lowered:
+        """The program as traced, lowered with its noinline calls not inlined (the canonical
+        lowering: its digest is the verify path's key)."""
+        if self.lowered is None:
+            traced = self._trace()
+            t0 = time.perf_counter()
             self.lowered = traced.lower()
-            text = _jax_compat.lowered_text(self.lowered)
-            self.lowered_digest = hashlib.sha256(text.encode()).hexdigest()
-            self.lapack = _jax_compat.uses_lapack(text)
-            self.trace_seconds = time.perf_counter() - t0
+            self.lowered_digest, self.lapack = _jax_compat.lowered_facts(self.lowered)
+            self.trace_seconds += time.perf_counter() - t0
         return self.lowered
+
+    def _lowering_of(self, inlined: bool) -> jax.stages.Lowered:
+        """A fresh lowering of the program, with its noinline calls inlined (the form of a
+        tier-up's entry) or not."""
+        if inlined:
+            self._trace()
+            return _tier_up.lower_inlined(self, _tier_up.structs(self.leaves))
+        return self._trace_lower()
 
     def _verify_key(self) -> str:
         self._trace_lower()
@@ -756,7 +770,7 @@ class _Miss:
             if got is not None and got is not _VERIFY_ONLY:
                 return got
             return self._compile_and_store(vkey, None, t_start)
-        self._trace_lower()
+        self._trace()
         manifest, reason = manifest_for(self.calls, self.fp.codes)
         assert fp_key is not None  # internal invariant: the fingerprint was sound
         if reason is not None:
@@ -805,32 +819,33 @@ class _Miss:
             return None
         t0 = time.perf_counter()
         callbacks = None
+        # the form the entry was compiled from (its "lowered" digest is of that form): an
+        # inlined entry (tier-up) has other host callbacks than the not-inlined lowering
+        inlined_form = header.get("tier") == "inlined"
         if header.get("callbacks") == "trace" or self.cfg.verify:
-            self._trace_lower()
-            if self.lowered_digest != header.get("lowered"):
+            lowered = self._lowering_of(inlined_form)
+            digest = (self.lowered_digest if lowered is self.lowered
+                      else _jax_compat.lowered_facts(lowered)[0])
+            if digest != header.get("lowered"):
                 if self.cfg.verify:
                     raise VerifyError(
                         f"KILN_VERIFY: stored entry {key[:12]} of {self.jf._name} does not match "
                         f"a fresh lowering (stored module {str(header.get('lowered'))[:12]}, "
-                        f"now {str(self.lowered_digest)[:12]}); kiln's key missed a change. "
+                        f"now {str(digest)[:12]}); kiln's key missed a change. "
                         "Please report this with KILN_EXPLAIN=1 output."
                     )
                 self._explain("lowered", "stored module differs from the fresh lowering")
                 return None
+            callbacks = _jax_compat.host_callbacks(lowered)
         out_tree = None
         static_out = None
-        if self.lowered is not None:
+        if self.traced is not None:
             # Traced in this process (verify path, audit, unpicklable callbacks): what the
             # lowered module does not hold (host callables, non-array outputs, the output
             # tree) comes from this trace, never from the entry.
-            if header.get("tier") != "inlined":
-                callbacks = _jax_compat.host_callbacks(self.lowered)
-            elif header.get("callbacks") == "trace":
-                # the inlined form (tier-up) has other host callbacks than this lowering:
-                # those of the same jaxpr lowered inline (a lowering, no compile)
-                inlined = _tier_up.lower_inlined(self, _tier_up.structs(self.leaves))
-                callbacks = _jax_compat.host_callbacks(inlined)
-            out_tree = self.lowered.out_tree
+            if callbacks is None:
+                callbacks = _jax_compat.host_callbacks(self._lowering_of(inlined_form))
+            out_tree = self.traced.out_tree
             static_out = self.box.get("static_out")
             if ("static_out" in entry.sections) != (static_out is not None):
                 self._explain("lowered", "stored entry's outputs differ from the fresh trace")
@@ -919,11 +934,12 @@ class _Miss:
 
     def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
         self._log_memory_reason()
-        lowered = self._trace_lower()
+        self._trace()
         self.key = key
         candidate = self._tier_up_candidate()
         self.tier_up = candidate and self.cfg.tier_up
         if self.tier_up and self._inline_directly():
+            # lowered once, inlined: the not-inlined lowering is never made
             self.tier_up = False
             with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
                 result = _tier_up.compile_and_store_inlined(
@@ -931,6 +947,7 @@ class _Miss:
                 )
             _explain.bump(misses=1)
             return result
+        lowered = self._trace_lower()
         t0 = time.perf_counter()
         with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
             compiled = lowered.compile()

@@ -111,7 +111,7 @@ def start(miss: _Miss, table_key: Any) -> None:
 def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
     """``miss``'s traced jaxpr lowered with its noinline calls inlined (same calling convention
     and donation as the first executable)."""
-    assert miss.traced is not None and miss.lowered is not None  # internal invariant
+    assert miss.traced is not None  # internal invariant
     run = jex.jaxpr_as_fun(miss.traced.jaxpr)
 
     def inlined(*leaves: Any) -> Any:
@@ -119,7 +119,7 @@ def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
 
     # a fresh function, so jax's trace and lowering caches cannot hand back the first lowering
     inlined.__name__ = inlined.__qualname__ = miss.jf._name
-    args_info = jax.tree_util.tree_leaves(miss.lowered.args_info)
+    args_info = jax.tree_util.tree_leaves(miss.traced.args_info)
     donate = tuple(i for i, a in enumerate(args_info) if a.donated)
     with _noinline.inlining():
         return jax.jit(inlined, donate_argnums=donate).trace(*args).lower()
@@ -144,7 +144,7 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
     jf = miss.jf
     t0 = time.perf_counter()
     if miss.traced is None:  # loaded without tracing: trace now (in this thread)
-        miss._trace_lower()
+        miss._trace()
         if not miss._tier_up_candidate():
             return
     result = compile_and_store_inlined(miss, structs, t0)
@@ -161,12 +161,12 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
 def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     """Compile ``miss``'s program with its noinline calls inlined, store it (header ``tier:
     inlined``) when its key is a fingerprint key, and return the callable executable."""
-    assert miss.traced is not None and miss.lowered is not None  # internal invariant
+    assert miss.traced is not None  # internal invariant
     lowered = lower_inlined(miss, args)
-    want, got = _arg_avals(miss.lowered), _arg_avals(lowered)
+    want, got = _arg_avals(miss.traced), _arg_avals(lowered)
     if want != got:  # never swap in or store an executable of another signature
         raise RuntimeError(f"inlined program takes {got}, the program {want}")
-    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.lowered.out_tree)
+    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.traced.out_tree)
     seconds = time.perf_counter() - t0
     _explain.bump(compiles=1, compile_seconds=seconds)
     result, sections, mode = miss._serialize(compiled)
@@ -181,14 +181,16 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
         miss._explain("tier-up", f"inlined program not stored: {reason}")
         return result
     header = miss._header(mode, manifest, seconds, seconds)
+    # the digest of what was compiled: a warm process checks it (audit mode, callbacks
+    # rebuilt by tracing) against its own inlined lowering
+    header["lowered"], header["lapack"] = _jax_compat.lowered_facts(lowered)
     header["tier"] = "inlined"
-    header["lapack"] = _jax_compat.uses_lapack(_jax_compat.lowered_text(lowered))
     miss._put(miss.key, header, sections)
     return result
 
 
-def _arg_avals(lowered: jax.stages.Lowered) -> list[str]:
-    return [str(a._aval) for a in jax.tree_util.tree_leaves(lowered.args_info)]
+def _arg_avals(stage: jax.stages.Traced | jax.stages.Lowered) -> list[str]:
+    return [str(a._aval) for a in jax.tree_util.tree_leaves(stage.args_info)]
 
 
 @atexit.register
