@@ -20,7 +20,11 @@ Modes, each in a fresh process with an empty ``KILN_CACHE_DIR``:
   and calls after tier-up;
 - ``kiln tier_up=0``: the same with ``KILN_TIER_UP=0``: the runtime before tier-up;
 - ``jax+noinline``: ``jax.jit(fit)``, vector field ``kiln.noinline`` (never tiers up);
-- ``equinox``: ``jax.jit(fit)``, vector field ``equinox.internal.noinline``.
+- ``equinox``: ``jax.jit(fit)``, vector field ``equinox.internal.noinline``;
+- ``jax stub``: ``jax.jit(fit)`` with the vector field replaced by a 2-equation stub
+  (``-y * rates[:2]``): what the fit costs if its vector field cost nothing to trace, lower
+  and compile, i.e. the floor for any noinline vector field (its fitted values are another
+  model's: only its time is reported).
 
 "first" is the wall time of the first ``fit(ts, ys)`` call until its result is ready (trace +
 lower + compile of the program and of the noinline pieces + run); imports are reported apart
@@ -48,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("jax", "kiln", "kiln tier_up=0", "jax+noinline", "equinox")
+MODES = ("jax", "kiln", "kiln tier_up=0", "jax+noinline", "equinox", "jax stub")
 TARGET_FIRST = 0.5  # kiln first result / jax.jit first result
 TARGET_STEADY = 1.05  # kiln run after tier-up / jax.jit run
 
@@ -69,6 +73,10 @@ def vector_field(t, state, rates):
     x, y = state[0], state[1]
     a, b, c, d = rates[0], rates[1], rates[2], rates[3]
     return jnp.stack([a * x - b * x * y, -c * y + d * x * y])
+
+
+def stub_vector_field(t, state, rates):
+    return -state * rates[:2]
 
 
 def make_loss(vf):
@@ -114,7 +122,8 @@ import kiln
 import equinox.internal as eqxi
 t_imports = time.perf_counter() - T_START
 ts, ys = lv.load_data()
-wrap = {"jax": lambda f: f, "equinox": eqxi.noinline}.get(mode, kiln.noinline)
+wrap = {"jax": lambda f: f, "jax stub": lambda f: stub_vector_field,
+        "equinox": eqxi.noinline}.get(mode, kiln.noinline)
 outer = kiln.jit if mode.startswith("kiln") else jax.jit
 fit = outer(make_fit(make_loss(wrap(vector_field))))
 (theta, loss, steps), first = timed(fit, ts, ys)
@@ -274,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kiln first result / jax.jit first result: "
           f"{_median(kiln, 'first_s') / jax_first:.2f} (target <= {TARGET_FIRST})")
     print(f"kiln tier-up done / jax.jit first result: {_median(kiln, 'tier_up_s') / jax_first:.2f}")
-    for mode in ("jax+noinline", "equinox"):
+    for mode in ("jax+noinline", "equinox", "jax stub"):
         print(f"{mode} first result / jax.jit first result: "
               f"{_median(results[mode], 'first_s') / jax_first:.2f}")
     ratios = [r["run_s"] / r["anchor_run_s"] for r in kiln]
