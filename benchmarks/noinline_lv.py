@@ -34,8 +34,10 @@ process also compiles the plain ``jax.jit`` fit after tier-up and alternates cal
 so the steady-state ratio compares them under the same machine load. Each figure is the median
 over ``--reps`` processes.
 
-The last section (``--no-breakdown`` skips it) times ``jax.jit(...).trace / lower / compile``
-of the whole fit and of its pieces, each in a fresh process: where the cold time goes.
+The last section (``--no-breakdown`` skips it, ``--breakdown-only`` runs only it) times
+``jax.jit(...).trace / lower / compile`` of the whole fit and of its pieces, each in a fresh
+process: where the cold time goes. One row compiles the fit at XLA's lowest optimization level
+(what a quick first tier could save).
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ ROWS = {
     "loss (one ODE solve)": (loss, theta0, (ts, log_ys)),
     "value_and_grad(loss)": (jax.value_and_grad(loss), theta0, (ts, log_ys)),
     "fit, vector field inlined": (make_fit(loss), ts, ys),
+    "fit, vector field inlined, XLA -O0": (make_fit(loss), ts, ys),
     "fit, vector field kiln.noinline":
         (make_fit(make_loss(kiln.noinline(vector_field))), ts, ys),
     "fit, loss kiln.noinline": (make_fit(kiln.noinline(loss)), ts, ys),
@@ -200,7 +203,10 @@ except Exception as e:
     print(f"  {row:34s} fails: {type(e).__name__}: {str(e).splitlines()[0]}")
     sys.exit(0)
 t = time.perf_counter(); lowered = traced.lower(); t_lower = time.perf_counter() - t
-t = time.perf_counter(); compiled = lowered.compile(); t_compile = time.perf_counter() - t
+# XLA's lowest optimization level: what a quick first tier could save on compile
+options = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+           if row.endswith("XLA -O0") else None)
+t = time.perf_counter(); compiled = lowered.compile(options); t_compile = time.perf_counter() - t
 s0 = kiln.stats()
 _, t_run = timed(compiled, *args)
 s1 = kiln.stats()
@@ -211,7 +217,8 @@ print(f"  {row:34s} {t_trace:6.2f} {t_lower:6.2f} {t_compile:8.2f} {t_run:7.3f}"
 '''
 BREAKDOWN_ROWS = (
     "vector field", "vector field jvp", "vector field vjp", "loss (one ODE solve)",
-    "value_and_grad(loss)", "fit, vector field inlined", "fit, vector field kiln.noinline",
+    "value_and_grad(loss)", "fit, vector field inlined", "fit, vector field inlined, XLA -O0",
+    "fit, vector field kiln.noinline",
     "fit, loss kiln.noinline", "equations",
 )
 
@@ -247,12 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--breakdown-only", action="store_true")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]))
     reps = 1 if args.quick else args.reps
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    for rep in range(reps):  # modes interleaved, so drift in machine load hits all alike
+    # modes interleaved, so drift in machine load hits all alike
+    for rep in range(0 if args.breakdown_only else reps):
         for mode in MODES:
             rec = measure(mode)
             results[mode].append(rec)
@@ -266,36 +275,38 @@ def main(argv: list[str] | None = None) -> int:
                   f" run {rec['run_s'] * 1e3:8.1f} ms, bfgs steps {rec['bfgs_steps']},"
                   f" loss {rec['loss']:.7f}, kiln host round trips {trips}", flush=True)
 
-    print(f"\nmedian of {reps} fresh processes per mode (empty store each)")
-    print(f"{'mode':15s} {'imports':>8} {'first':>8} {'tier-up':>8} {'run':>10}"
-          f" {'steps':>6} {'round trips':>12}")
-    for mode in MODES:
-        recs = results[mode]
-        tier = f"{_median(recs, 'tier_up_s'):7.2f}s" if mode == "kiln" else f"{'-':>8}"
-        trips = "n/a" if mode == "equinox" else str(int(_median(recs, "noinline_calls")))
-        print(f"{mode:15s} {_median(recs, 'imports_s'):7.2f}s {_median(recs, 'first_s'):7.2f}s"
-              f" {tier} {_median(recs, 'run_s') * 1e3:8.1f}ms"
-              f" {int(_median(recs, 'bfgs_steps')):6d} {trips:>12}")
+    if not args.breakdown_only:
+        print(f"\nmedian of {reps} fresh processes per mode (empty store each)")
+        print(f"{'mode':15s} {'imports':>8} {'first':>8} {'tier-up':>8} {'run':>10}"
+              f" {'steps':>6} {'round trips':>12}")
+        for mode in MODES:
+            recs = results[mode]
+            tier = f"{_median(recs, 'tier_up_s'):7.2f}s" if mode == "kiln" else f"{'-':>8}"
+            trips = "n/a" if mode == "equinox" else str(int(_median(recs, "noinline_calls")))
+            print(f"{mode:15s} {_median(recs, 'imports_s'):7.2f}s {_median(recs, 'first_s'):7.2f}s"
+                  f" {tier} {_median(recs, 'run_s') * 1e3:8.1f}ms"
+                  f" {int(_median(recs, 'bfgs_steps')):6d} {trips:>12}")
 
-    jax_first, jax_run = _median(results["jax"], "first_s"), _median(results["jax"], "run_s")
-    kiln = results["kiln"]
-    print()
-    print(f"kiln first result / jax.jit first result: "
-          f"{_median(kiln, 'first_s') / jax_first:.2f} (target <= {TARGET_FIRST})")
-    print(f"kiln tier-up done / jax.jit first result: {_median(kiln, 'tier_up_s') / jax_first:.2f}")
-    for mode in ("jax+noinline", "equinox", "jax stub"):
-        print(f"{mode} first result / jax.jit first result: "
-              f"{_median(results[mode], 'first_s') / jax_first:.2f}")
-    ratios = [r["run_s"] / r["anchor_run_s"] for r in kiln]
-    print(f"kiln run after tier-up / jax.jit run, same process, interleaved: "
-          f"{statistics.median(ratios):.2f} (target <= {TARGET_STEADY}; per process: "
-          f"{', '.join(f'{x:.2f}' for x in ratios)})")
-    print(f"kiln run after tier-up / jax.jit run, separate processes: "
-          f"{_median(kiln, 'run_s') / jax_run:.2f}")
-    print(f"kiln run before tier-up (KILN_TIER_UP=0) / jax.jit run: "
-          f"{_median(results['kiln tier_up=0'], 'run_s') / jax_run:.1f}")
-    tier_ups = sorted({r["tier_ups"] for r in kiln})
-    print(f"kiln tier_ups per process: {tier_ups}")
+        jax_first, jax_run = _median(results["jax"], "first_s"), _median(results["jax"], "run_s")
+        kiln = results["kiln"]
+        print()
+        print(f"kiln first result / jax.jit first result: "
+              f"{_median(kiln, 'first_s') / jax_first:.2f} (target <= {TARGET_FIRST})")
+        tier_up = _median(kiln, "tier_up_s") / jax_first
+        print(f"kiln tier-up done / jax.jit first result: {tier_up:.2f}")
+        for mode in ("jax+noinline", "equinox", "jax stub"):
+            print(f"{mode} first result / jax.jit first result: "
+                  f"{_median(results[mode], 'first_s') / jax_first:.2f}")
+        ratios = [r["run_s"] / r["anchor_run_s"] for r in kiln]
+        print(f"kiln run after tier-up / jax.jit run, same process, interleaved: "
+              f"{statistics.median(ratios):.2f} (target <= {TARGET_STEADY}; per process: "
+              f"{', '.join(f'{x:.2f}' for x in ratios)})")
+        print(f"kiln run after tier-up / jax.jit run, separate processes: "
+              f"{_median(kiln, 'run_s') / jax_run:.2f}")
+        print(f"kiln run before tier-up (KILN_TIER_UP=0) / jax.jit run: "
+              f"{_median(results['kiln tier_up=0'], 'run_s') / jax_run:.1f}")
+        tier_ups = sorted({r["tier_ups"] for r in kiln})
+        print(f"kiln tier_ups per process: {tier_ups}")
 
     if not args.no_breakdown:
         print("\nwhere the cold time goes (each row a fresh process, empty store; seconds; "
