@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import warnings
 
 import equinox as eqx
@@ -175,6 +176,25 @@ def test_a_cached_signature_runs_no_python_code_of_kiln():
     finally:
         sys.setprofile(None)
     assert "_python_call" in seen
+
+
+def test_pickled_by_reference_like_functions():
+    import pickle
+    import types
+
+    mod = types.ModuleType("kiln_pickle_probe")
+    sys.modules[mod.__name__] = mod
+    try:
+        exec("import kiln\n@kiln.jit\ndef f(x):\n    return x + 1\n\n"
+             "@kiln.jit(static_argnames='n')\ndef g(x, n):\n    return x * n\n", mod.__dict__)
+        for fn in (mod.f, mod.g):  # the C++-dispatched class and the plain one alike
+            assert pickle.loads(pickle.dumps(fn)) is fn
+    finally:
+        del sys.modules[mod.__name__]
+    local = kiln.jit(lambda x: x)
+    # as for a plain local function: an error naming it
+    with pytest.raises((pickle.PicklingError, AttributeError), match=r"<locals>\.<lambda>"):
+        pickle.dumps(local)
 
 
 def test_donate_argnums_runs():

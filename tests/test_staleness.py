@@ -72,6 +72,9 @@ SCENARIOS = [
              [1.0, 4.0, 9.0], [1.0, 4.0, 12.0]),
     # 5. a closure value, read from the environment by a factory (no file changes)
     Scenario("closure", (), _x(lambda v: v * 2), _x(lambda v: v * 4)),
+    # 5b. closures passed as static arguments: each one walked (the first of two, here)
+    Scenario("static_closures", (("prog.py", "SCALE_S = 2.0", "SCALE_S = 3.0"),),
+             _x(lambda v: 3 * v + 1), _x(lambda v: 4 * v + 1)),
     # 6. a default argument value
     Scenario("default_arg", (("prog.py", "a=2.0", "a=3.5"),),
              _x(lambda v: v * 2), _x(lambda v: v * 3.5)),
@@ -248,6 +251,27 @@ def make_closure(c):
 
 
 closure = make_closure(float(os.environ.get("CLOSURE_C", "2.0")))
+
+
+@kiln.jit(static_argnames=("a", "b"))
+def _two_statics(x, a, b):
+    TRACE()
+    return a(x) + b(x)
+
+
+def _scale_by(k):
+    return lambda x: x * k
+
+
+def _plus(c):
+    return lambda x: x + c
+
+
+SCALE_S = 2.0
+
+
+def static_closures(x):
+    return _two_statics(x, a=_scale_by(SCALE_S), b=_plus(1.0))
 
 
 @kiln.jit

@@ -212,9 +212,9 @@ print(json.dumps({{"out": out.tolist(), "hits": s.hits, "traces": s.traces,
 '''
 
 
-def _run(tmp_path, scale, *args, **env_extra):
+def _run(tmp_path, scale, *args, prog=PROG, **env_extra):
     src = tmp_path / "prog.py"
-    src.write_text(PROG.format(scale=scale))
+    src.write_text(prog.format(scale=scale))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
     env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
     env.update(env_extra)
@@ -268,6 +268,45 @@ def test_an_entry_stored_with_tier_up_off_tiers_up_in_a_later_process(tmp_path):
     warm = _run(tmp_path, 1.0)
     assert warm["hits"] == 1 and warm["traces"] == 0 and warm["noinline_calls"] == 0
     assert warm["out"] == off["out"] == later["out"]
+
+
+# The same program on kiln's verify path (a global without a canonical digest: a lock), with
+# the host-callback tier first (6 call sites) or compiled inlined directly (the noinline calls
+# a small share of a program padded with 200 equations that leave its result as it is).
+VERIFY_PROG = PROG.replace("import json,", "import threading, json,").replace(
+    "@kiln.jit\ndef outer(x, w):\n",
+    "LOCK = threading.Lock()\n\n@kiln.jit\ndef outer(x, w):\n    assert not LOCK.locked()\n",
+)
+DIRECT_PROG = VERIFY_PROG.replace(
+    "    return x\n\nx, w =",
+    "    pad = jnp.sin(x)\n    for _ in range(200):\n        pad = jnp.cos(pad)\n"
+    "    return x + 0.0 * pad\n\nx, w =",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prog", [VERIFY_PROG, DIRECT_PROG], ids=["tier-up", "direct"])
+def test_verify_path_programs_store_their_inlined_form(tmp_path, prog):
+    assert prog.count("LOCK") == 2 and (prog is VERIFY_PROG or "pad" in prog)
+    cold = _run(tmp_path, 1.0, "wait", prog=prog)
+    # tier-up: outer and layers (and the inlined outer, if done by the time the counts are
+    # read); direct: the inlined outer only
+    assert cold["compiles"] in ((1,) if prog is DIRECT_PROG else (2, 3))
+    assert cold["noinline_calls"] == (0 if prog is DIRECT_PROG else 6)
+    warm = _run(tmp_path, 1.0, prog=prog)
+    # keyed by its inlined module: traced and lowered (the verify path), never compiled
+    assert warm == {**warm, "hits": 1, "traces": 1, "compiles": 0, "noinline_calls": 0}
+    np.testing.assert_allclose(cold["out"], _expected(1.0), rtol=1e-5)
+    assert warm["out"] == cold["out"]
+    # layers' global changed: its inlined module is another; the not-inlined outer (stored by
+    # the tier-up variant) calls layers, which is recompiled, and is never stale
+    changed = _run(tmp_path, 2.0, prog=prog)
+    if prog is DIRECT_PROG:
+        assert changed == {**changed, "hits": 0, "compiles": 1, "noinline_calls": 0}
+    else:
+        assert changed == {**changed, "hits": 1, "noinline_calls": 6}
+        assert changed["compiles"] in (1, 2)  # layers; then the tier-up, if done by then
+    np.testing.assert_allclose(changed["out"], _expected(2.0), rtol=1e-5)
 
 
 MIXED = r'''

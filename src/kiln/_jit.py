@@ -256,6 +256,11 @@ class JitFunction:
     def __repr__(self) -> str:
         return f"<kiln.jit {self._module}.{self._name}>"
 
+    def __reduce__(self) -> str:
+        # pickled by reference, as functions and jax.jit's are: a module-level kiln.jit
+        # function unpickles as itself; anything else fails naming the function
+        return str(getattr(self, "__qualname__", self._name))
+
     # -- argument handling -----------------------------------------------------------------
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -660,6 +665,13 @@ class _Miss:
         self.inlined_size = 0  # equations once its noinline calls are inlined
         self.lowered_digest: str | None = None
         self.lapack = True
+        # the inlined form's lowering (tier-up), and its key on the verify path
+        self.inlined_lowered: jax.stages.Lowered | None = None
+        self.inlined_digest: str | None = None
+        self.inlined_lapack = True
+        self.inlined_key: str | None = None
+        self.candidate: bool | None = None  # memos of _tier_up_candidate, _inline_directly
+        self.direct: bool | None = None
         self.calls: set[Any] = set()
         self.trace_seconds = 0.0
         structure, aux = _treedef_parts(treedef)
@@ -687,11 +699,15 @@ class _Miss:
                         "dataclass of plain values"
                     )
                 digest = "see-fingerprint"
+                # every such value is walked with the function's code (each one: a changed
+                # closure in any of them changes the key)
+                extra.append((f"static:{name}", value))
             static_parts.append((f"static:{name}", str(digest)))
-            self.static_text.append(f"{name}={str(digest)[:8]}")
+            self.static_text.append(
+                f"{name}=(by code)" if digest == "see-fingerprint" else f"{name}={str(digest)[:8]}"
+            )
         if self.static_text:
             self.signature += "; static " + ", ".join(self.static_text)
-            extra.append((f"static:{name}", value))
         self.fp = fingerprint(jf._fun, extra=extra)
         if not self.fp.sound and self.unsound is None:
             self.unsound = self.fp.reason
@@ -740,17 +756,46 @@ class _Miss:
             self.trace_seconds += time.perf_counter() - t0
         return self.lowered
 
+    def _inlined_lowering(self, args: list[Any] | None = None) -> jax.stages.Lowered:
+        """The program as traced, lowered with its noinline calls inlined (tier-up's form);
+        ``args``: its abstract arguments, when the leaves may be gone (donated)."""
+        if self.inlined_lowered is None:
+            self._trace()
+            lowered = _tier_up.lower_inlined(self, args or _tier_up.structs(self.leaves))
+            self.inlined_digest, self.inlined_lapack = _jax_compat.lowered_facts(lowered)
+            self.inlined_lowered = lowered
+        return self.inlined_lowered
+
     def _lowering_of(self, inlined: bool) -> jax.stages.Lowered:
         """A fresh lowering of the program, with its noinline calls inlined (the form of a
         tier-up's entry) or not."""
-        if inlined:
-            self._trace()
-            return _tier_up.lower_inlined(self, _tier_up.structs(self.leaves))
-        return self._trace_lower()
+        return self._inlined_lowering() if inlined else self._trace_lower()
 
-    def _verify_key(self) -> str:
+    def _verify_key(self, inlined: bool = False) -> str:
+        """The key of the verify path: the lowered module's digest, of the inlined form for
+        an entry of tier-up's form (that form holds the noinline functions' code too)."""
+        if inlined:
+            self._inlined_lowering()
+            return make_key(self.base_parts + [("lowered-inlined", str(self.inlined_digest))])
         self._trace_lower()
         return make_key(self.base_parts + [("lowered", str(self.lowered_digest))])
+
+    def _verify_path(self, t_start: float) -> Any:
+        """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
+        self._trace()
+        if self.cfg.tier_up and self._tier_up_candidate():
+            # its inlined form (compiled directly or by a tier-up) is stored under its own key
+            self.inlined_key = self._verify_key(inlined=True)
+            got = self._load(self.inlined_key, t_start)
+            if got is not None and got is not _VERIFY_ONLY:
+                return got
+            if self._inline_directly():
+                return self._compile_and_store(self.inlined_key, None, t_start)
+        vkey = self._verify_key()
+        got = self._load(vkey, t_start)
+        if got is not None and got is not _VERIFY_ONLY:
+            return got
+        return self._compile_and_store(vkey, None, t_start)
 
     # -- the flow -----------------------------------------------------------------------------
     def run(self) -> Any:
@@ -765,11 +810,7 @@ class _Miss:
                 self.unsound = "manifest could not be fingerprinted (recorded on the first run)"
         if self.unsound is not None:
             self._explain("verify-path", f"taking the verify path: {self.unsound}")
-            vkey = self._verify_key()
-            got = self._load(vkey, t_start)
-            if got is not None and got is not _VERIFY_ONLY:
-                return got
-            return self._compile_and_store(vkey, None, t_start)
+            return self._verify_path(t_start)
         self._trace()
         manifest, reason = manifest_for(self.calls, self.fp.codes)
         assert fp_key is not None  # internal invariant: the fingerprint was sound
@@ -778,11 +819,7 @@ class _Miss:
             marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
                       "signature": self.signature, "reason": reason, "created": time.time()}
             self._put(fp_key, marker, {})
-            vkey = self._verify_key()
-            got = self._load(vkey, t_start)
-            if got is not None and got is not _VERIFY_ONLY:
-                return got
-            return self._compile_and_store(vkey, None, t_start)
+            return self._verify_path(t_start)
         return self._compile_and_store(fp_key, manifest, t_start)
 
     def _load(self, key: str, t_start: float) -> Any:
@@ -881,6 +918,8 @@ class _Miss:
                 header = self.store.header(other)
                 if not header or header.get("function") != fname:
                     continue
+                if header.get("kind") != "executable":  # a verify-only marker: no key parts
+                    continue
                 diff = _explain.diff_parts(
                     [p for p in self.base_parts if p[0] != "signature"] + list(self.fp.parts),
                     [p for p in header.get("key_parts", []) if p[0] != "signature"]
@@ -902,6 +941,11 @@ class _Miss:
     def _tier_up_candidate(self) -> bool:
         """Whether this (traced) program calls kiln.noinline functions that tier-up would
         inline (and is small enough once inlined); whether tier-up is on is separate."""
+        if self.candidate is None:
+            self.candidate = self._is_tier_up_candidate()
+        return self.candidate
+
+    def _is_tier_up_candidate(self) -> bool:
         if not self.jf._tier_up or self.traced is None:
             return False
         jaxpr = self.traced.jaxpr.jaxpr
@@ -920,6 +964,11 @@ class _Miss:
     def _inline_directly(self) -> bool:
         """Whether to skip the host-callback tier: inlining the noinline calls makes the program
         at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
+        if self.direct is None:
+            self.direct = self._is_inline_directly()
+        return self.direct
+
+    def _is_inline_directly(self) -> bool:
         assert self.traced is not None  # internal invariant: called after tracing
         inlined = self.inlined_size  # set by _tier_up_candidate
         separate = _noinline.separate_size(self.traced.jaxpr.jaxpr)

@@ -532,6 +532,9 @@ class _Interface:
     def __kiln_digest__(self) -> str:
         return "kiln.noinline interface: " + ",".join(self._id())
 
+    def __repr__(self) -> str:
+        return f"kiln.noinline interface(static_argnames={list(self._id())})"
+
 
 class DynamicNoinline:
     """A :class:`NoinlineFunction` as a *dynamic* argument (from ``f.dynamic()``): a pytree

@@ -162,7 +162,7 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     """Compile ``miss``'s program with its noinline calls inlined, store it (header ``tier:
     inlined``) when its key is a fingerprint key, and return the callable executable."""
     assert miss.traced is not None  # internal invariant
-    lowered = lower_inlined(miss, args)
+    lowered = miss._inlined_lowering(args)
     want, got = _arg_avals(miss.traced), _arg_avals(lowered)
     if want != got:  # never swap in or store an executable of another signature
         raise RuntimeError(f"inlined program takes {got}, the program {want}")
@@ -170,22 +170,29 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     seconds = time.perf_counter() - t0
     _explain.bump(compiles=1, compile_seconds=seconds)
     result, sections, mode = miss._serialize(compiled)
-    if sections is None or miss.key is None or miss.key != miss.fp_key:
-        return result  # keyed by the not-inlined lowering: the inlined form stays in process
-    # the inlined executable also depends on the noinline functions' own code
-    codes = set(miss.calls)
-    for _, sub_jaxpr in _noinline.calls_in(miss.traced.jaxpr.jaxpr):
-        codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
-    manifest, reason = manifest_for(codes, miss.fp.codes)
-    if reason is not None:
-        miss._explain("tier-up", f"inlined program not stored: {reason}")
+    if sections is None:
+        return result
+    if miss.key is not None and miss.key == miss.fp_key:
+        # the inlined executable also depends on the noinline functions' own code
+        codes = set(miss.calls)
+        for _, sub_jaxpr in _noinline.calls_in(miss.traced.jaxpr.jaxpr):
+            codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
+        manifest, reason = manifest_for(codes, miss.fp.codes)
+        if reason is not None:
+            miss._explain("tier-up", f"inlined program not stored: {reason}")
+            return result
+        key = miss.key
+    elif miss.inlined_key is not None:
+        # the verify path: keyed by this very inlined module, which holds all of the code
+        key, manifest = miss.inlined_key, None
+    else:
         return result
     header = miss._header(mode, manifest, seconds, seconds)
     # the digest of what was compiled: a warm process checks it (audit mode, callbacks
     # rebuilt by tracing) against its own inlined lowering
-    header["lowered"], header["lapack"] = _jax_compat.lowered_facts(lowered)
+    header["lowered"], header["lapack"] = miss.inlined_digest, miss.inlined_lapack
     header["tier"] = "inlined"
-    miss._put(miss.key, header, sections)
+    miss._put(key, header, sections)
     return result
 
 
