@@ -17,11 +17,12 @@ Anchors: ``jax.jit`` of the same function, and the AOT object
 ``jax.jit(f).lower(...).compile()`` (no argument checking beyond the compiled signature). For
 the static case, ``jax.jit`` with a static Python int (``jax.jit`` refuses arrays as static).
 
-Each figure is the median over REPS timed runs of the mean time per call in microseconds; one
-run is a loop of ``CALLS`` calls (20000; 30 for the re-hashed NumPy table) followed by one
-``block_until_ready`` on the last result. Runs of kiln and its anchors are interleaved (the
-order rotates each repetition) to share drift. Target: kiln / jax.jit <= 1.3 for the small
-functions.
+Each figure is the median time of one call to its result (``block_until_ready``), in
+microseconds, over REPS x CALLS calls (7 x 20000; 7 x 30 for the re-hashed NumPy table). kiln
+and its anchors take turns call by call, the order rotating every call, so drift in machine
+load hits all alike (loops of many calls per implementation, this benchmark's first method,
+swung by up to 1.4x between runs on this machine). Target: kiln / jax.jit <= 1.3 for the
+small functions.
 """
 
 from __future__ import annotations
@@ -61,53 +62,47 @@ def h(x, table):
     return x * 2 + (table if isinstance(table, int) else table.shape[0])
 
 
-def time_loop(fn: Callable[[], Any], calls: int) -> float:
-    """Mean seconds per call over one loop of ``calls`` calls (blocking on the last result)."""
-    out = None
-    start = time.perf_counter()
-    for _ in range(calls):
-        out = fn()
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / calls
-
-
 def bench_group(
     impls: dict[str, Callable[[], Any]], calls: int, reps: int
 ) -> dict[str, dict[str, Any]]:
-    """Interleaved timing of several implementations of the same call; per-call medians."""
+    """Each call timed on its own to its result (``block_until_ready``), the implementations
+    taking turns call by call with the order rotating every call, so drift in machine load
+    hits all alike; the median per call over ``calls * reps`` calls of each."""
     names = list(impls)
     for fn in impls.values():  # warm-up: compile / load, then a few hot calls
-        jax.block_until_ready(fn())
-        time_loop(fn, min(calls, 200))
+        for _ in range(min(calls, 200)):
+            jax.block_until_ready(fn())
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(reps):
+    for i in range(calls * reps):
         k = i % len(names)
         for n in names[k:] + names[:k]:
-            samples[n].append(time_loop(impls[n], calls))
-    return {
-        n: {
+            fn = impls[n]
+            start = time.perf_counter()
+            jax.block_until_ready(fn())
+            samples[n].append(time.perf_counter() - start)
+    out = {}
+    for n, s in samples.items():
+        q = statistics.quantiles(s, n=10)
+        out[n] = {
             "us_per_call": statistics.median(s) * 1e6,
-            "min_us": min(s) * 1e6,
-            "max_us": max(s) * 1e6,
-            "samples_us": [x * 1e6 for x in s],
-            "calls_per_run": calls,
-            "reps": reps,
+            "p10_us": q[0] * 1e6,
+            "p90_us": q[-1] * 1e6,
+            "calls": len(s),
         }
-        for n, s in samples.items()
-    }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--quick", action="store_true", help="3 reps of 2000 calls (smoke test; noisy)"
+        "--quick", action="store_true", help="3 x 2000 calls (smoke test; noisy)"
     )
-    parser.add_argument("--reps", type=int, default=None, help="timed runs per case (default 7)")
+    parser.add_argument("--reps", type=int, default=None, help="rounds of calls (default 7)")
     parser.add_argument(
         "--calls",
         type=int,
         default=None,
-        help="calls per timed run for the cheap cases (default 20000)",
+        help="calls per round for the cheap cases (default 20000)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
@@ -124,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs"
     )
     print(
-        f"median of {reps} interleaved runs; {calls} calls per run "
-        f"({numpy_calls} for the re-hashed 64 MiB NumPy table)"
+        f"median per call of {reps} x {calls} calls, interleaved call by call "
+        f"({reps} x {numpy_calls} for the re-hashed 64 MiB NumPy table)"
         + ("  [QUICK: too few reps/calls, figures are noisy]" if args.quick else "")
     )
     print(flush=True)
@@ -192,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         base_name = "jax.jit" if "jax.jit" in impls else "jax.jit static int"
         base = impls[base_name]["us_per_call"]
         for name, r in impls.items():
-            spread = f"(min {r['min_us']:.2f}, max {r['max_us']:.2f})"
+            spread = f"(p10 {r['p10_us']:.2f}, p90 {r['p90_us']:.2f})"
             print(
                 f"  {name:<34}{r['us_per_call']:>10.2f} us/call  {spread:<28}"
                 f"{r['us_per_call'] / base:>8.2f}x {base_name}"
