@@ -1,7 +1,7 @@
 """Benchmark: compile time vs number of call sites, and per-call runtime, of a noinline
 sub-function: ``kiln.noinline`` vs plain ``jax.jit`` (inlined) vs ``equinox.internal.noinline``.
 
-Run from the repository root (a few minutes; ``--quick`` for a noisy smoke test):
+Run from the repository root (about 12 minutes; ``--quick`` for a noisy smoke test):
 
     python benchmarks/noinline.py [--quick] [--json PATH]
 
@@ -9,7 +9,9 @@ The sub-function is a 20-layer tanh MLP step on float32[64]; the outer program c
 in sequence (N = 1, 4, 16, 64). Each measurement runs in a fresh process with an empty kiln store
 (so kiln's figure includes compiling the sub-function once); "compile" is the wall time of the
 first call (trace + lower + compile + run), "run" the median per-call time of the compiled
-outer program afterwards. Median of REPS processes per point.
+outer program afterwards. Median of 7 processes per point; each round runs every mode and N
+once, so drift in machine load hits all points alike, and the N=64 / N=1 ratio is also given
+per round (paired).
 """
 
 from __future__ import annotations
@@ -100,24 +102,19 @@ print(json.dumps(rec))
 '''
 
 
-def measure(mode: str, n: int, reps: int, extra: dict[str, list[float]] | None = None
-            ) -> tuple[float, float]:
-    firsts, runs = [], []
-    for _ in range(reps):
-        with tempfile.TemporaryDirectory() as d:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-            env["KILN_CACHE_DIR"] = d
-            out = subprocess.run([sys.executable, "-c", WORKER, mode, str(n)], env=env,
-                                 capture_output=True, text=True, timeout=600, check=True)
-            rec = json.loads(out.stdout.strip().splitlines()[-1])
-            firsts.append(rec["first_s"])
-            runs.append(rec["run_s"])
-            for k in ("before_s", "tier_up_s", "jax_here_s"):
-                if extra is not None and k in rec:
-                    extra.setdefault(k, []).append(rec[k])
-            if extra is not None:
-                extra.setdefault("after_s", []).append(rec["run_s"])
-    return statistics.median(firsts), statistics.median(runs)
+def run_once(mode: str, n: int) -> dict[str, float]:
+    """One fresh process with an empty store: the worker's record."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
+        env["KILN_CACHE_DIR"] = d
+        out = subprocess.run([sys.executable, "-c", WORKER, mode, str(n)], env=env,
+                             capture_output=True, text=True, timeout=600, check=True)
+    rec: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return rec
+
+
+def _med(recs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in recs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,16 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]))
-    reps = 1 if args.quick else 5
+    reps = 1 if args.quick else 7
     sites = [1, 4, 16] if args.quick else [1, 4, 16, 64]
-    results: dict[str, dict[int, tuple[float, float]]] = {}
-    for mode in ("jax", "kiln", "equinox"):
-        results[mode] = {}
-        for n in sites:
-            results[mode][n] = measure(mode, n, reps)
-            first, run = results[mode][n]
-            print(f"  {mode:8s} N={n:3d}: first call {first:7.3f} s, run {run * 1e6:9.1f} us",
-                  flush=True)
+    modes = ("jax", "kiln", "equinox")
+    recs: dict[str, dict[int, list[dict[str, float]]]] = {
+        m: {n: [] for n in [*sites]} for m in (*modes, "kiln-tier")
+    }
+    # every mode and N in each round, so drift in machine load hits them all alike (a ratio
+    # of two points measured minutes apart swung by 0.15 on this machine)
+    for rep in range(reps):
+        for mode in (*modes, "kiln-tier"):
+            for n in sites:
+                rec = run_once(mode, n)
+                recs[mode][n].append(rec)
+                print(f"  [{rep + 1}/{reps}] {mode:9s} N={n:3d}: first call"
+                      f" {rec['first_s']:7.3f} s, run {rec['run_s'] * 1e6:9.1f} us", flush=True)
+    results = {m: {n: (_med(recs[m][n], "first_s"), _med(recs[m][n], "run_s")) for n in sites}
+               for m in modes}
     print(f"\nmedian of {reps} fresh processes per point")
     print(f"{'N':>4} {'jax.jit first':>14} {'kiln first':>11} {'eqx first':>10}"
           f" {'jax run':>10} {'kiln run':>10} {'eqx run':>10}")
@@ -144,10 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:>4} {j[0]:>13.3f}s {k[0]:>10.3f}s {e[0]:>9.3f}s"
               f" {j[1] * 1e6:>8.1f}us {k[1] * 1e6:>8.1f}us {e[1] * 1e6:>8.1f}us")
     top = sites[-1]
-    k1, kn = results["kiln"][1][0], results["kiln"][top][0]
-    print(f"\nkiln first call N={top} / N=1: {kn / k1:.2f}x (target <= 1.2x)")
-    jax_ratio = results["jax"][top][0] / results["jax"][1][0]
-    print(f"jax.jit first call N={top} / N=1: {jax_ratio:.2f}x")
+    for mode in ("kiln", "equinox", "jax"):
+        paired = [hi["first_s"] / lo["first_s"]
+                  for lo, hi in zip(recs[mode][1], recs[mode][top], strict=True)]
+        target = " (target <= 1.2x)" if mode == "kiln" else ""
+        print(f"{mode} first call N={top} / N=1: "
+              f"{results[mode][top][0] / results[mode][1][0]:.2f}x of medians{target};"
+              f" per round {', '.join(f'{r:.2f}' for r in paired)}"
+              f" (median {statistics.median(paired):.2f}x)")
     kiln_rt = results["kiln"][top][1] / results["jax"][top][1]
     eqx_rt = results["equinox"][top][1] / results["jax"][top][1]
     print(f"runtime at N={top}: kiln / jax.jit {kiln_rt:.1f}x, equinox / jax.jit {eqx_rt:.1f}x")
@@ -158,25 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     print("(jax run, after: medians in the kiln process after tier-up, interleaved)")
     tier: dict[int, dict[str, float]] = {}
     for n in sites:
-        extra: dict[str, list[float]] = {}
-        first, _ = measure("kiln-tier", n, reps, extra)
-        before = statistics.median(extra["before_s"])
-        ready = statistics.median(extra["tier_up_s"])
-        jax_run = statistics.median(extra["jax_here_s"])
-        ratios = [a / j for a, j in zip(extra["after_s"], extra["jax_here_s"], strict=True)]
-        after = statistics.median(extra["after_s"])
-        tier[n] = {"first_s": first, "tier_up_s": ready, "before_s": before, "after_s": after,
-                   "jax_here_s": jax_run, "after_over_jax": statistics.median(ratios)}
-        print(f"{n:>4} {first:>7.3f}s {ready:>7.3f}s {jax_run * 1e6:>8.1f}us"
-              f" {before * 1e6:>8.1f}us {after * 1e6:>8.1f}us {before / jax_run:>9.1f}x"
-              f" {statistics.median(ratios):>8.2f}x", flush=True)
+        rs = recs["kiln-tier"][n]
+        jax_run, before = _med(rs, "jax_here_s"), _med(rs, "before_s")
+        ratios = [r["run_s"] / r["jax_here_s"] for r in rs]
+        tier[n] = {"first_s": _med(rs, "first_s"), "tier_up_s": _med(rs, "tier_up_s"),
+                   "before_s": before, "after_s": _med(rs, "run_s"), "jax_here_s": jax_run,
+                   "after_over_jax": statistics.median(ratios)}
+        t = tier[n]
+        print(f"{n:>4} {t['first_s']:>7.3f}s {t['tier_up_s']:>7.3f}s {jax_run * 1e6:>8.1f}us"
+              f" {before * 1e6:>8.1f}us {t['after_s'] * 1e6:>8.1f}us {before / jax_run:>9.1f}x"
+              f" {t['after_over_jax']:>8.2f}x", flush=True)
     print(f"steady state after tier-up at N={top}: {tier[top]['after_over_jax']:.2f}x jax.jit"
           " (median of per-process ratios; target <= 1.05x)")
     print("(N=1: kiln compiles the inlined program directly, with no callback tier: 'before'"
           " is already inlined)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**{m: {str(n): v for n, v in r.items()} for m, r in results.items()},
+            json.dump({"records": {m: {str(n): v for n, v in r.items()} for m, r in recs.items()},
                        "kiln-tier": {str(n): v for n, v in tier.items()}}, f)
     return 0
 
