@@ -861,8 +861,7 @@ class _Miss:
         inlined_form = header.get("tier") == "inlined"
         if header.get("callbacks") == "trace" or self.cfg.verify:
             lowered = self._lowering_of(inlined_form)
-            digest = (self.lowered_digest if lowered is self.lowered
-                      else _jax_compat.lowered_facts(lowered)[0])
+            digest = self.inlined_digest if inlined_form else self.lowered_digest
             if digest != header.get("lowered"):
                 if self.cfg.verify:
                     raise VerifyError(
