@@ -4,6 +4,7 @@ sub-function: ``kiln.noinline`` vs plain ``jax.jit`` (inlined) vs ``equinox.inte
 Run from the repository root (about 12 minutes; ``--quick`` for a noisy smoke test):
 
     python benchmarks/noinline.py [--quick] [--json PATH]
+    python benchmarks/noinline.py --per-site   # where the extra time per call site goes
 
 The sub-function is a 20-layer tanh MLP step on float32[64]; the outer program calls it N times
 in sequence (N = 1, 4, 16, 64). Each measurement runs in a fresh process with an empty kiln store
@@ -102,6 +103,60 @@ print(json.dumps(rec))
 '''
 
 
+PER_SITE = r'''
+import json, statistics, sys, time
+import jax, jax.numpy as jnp
+import kiln
+
+def layer_stack(x, w):
+    for i in range(20):
+        x = jnp.tanh(x * w[i] + 0.1 * i)
+    return x
+
+sub = kiln.noinline(layer_stack)
+
+def program(n):
+    def outer(x, w):
+        for _ in range(n):
+            x = sub(x, w)
+        return x
+    return jax.jit(outer)
+
+x, w = jnp.ones(64), jnp.full((20, 64), 0.5)
+program(1)(x, w).block_until_ready()  # the sub-function compiled: what is left is per site
+times = {1: [], 64: []}
+for _ in range(7):
+    for n in (1, 64):
+        f = program(n)
+        t0 = time.perf_counter(); traced = f.trace(x, w)
+        t1 = time.perf_counter(); lowered = traced.lower()
+        t2 = time.perf_counter(); compiled = lowered.compile()
+        t3 = time.perf_counter(); compiled(x, w).block_until_ready()
+        t4 = time.perf_counter()
+        times[n].append((t1 - t0, t2 - t1, t3 - t2, t4 - t3))
+print(json.dumps({n: [statistics.median(c) for c in zip(*t)] for n, t in times.items()}))
+'''
+
+
+def per_site() -> None:
+    """Where the extra time at 64 call sites goes: in one warm process (the sub-function
+    already compiled), trace / lower / compile / first run of the N=1 and N=64 programs,
+    median of 7, and the difference per extra call site."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
+        env["KILN_CACHE_DIR"] = d
+        out = subprocess.run([sys.executable, "-c", PER_SITE], env=env, capture_output=True,
+                             text=True, timeout=600, check=True)
+    med = json.loads(out.stdout.strip().splitlines()[-1])
+    print("\nper call site, one warm process (sub-function compiled; median of 7):")
+    print(f"{'':>14} {'trace':>8} {'lower':>8} {'compile':>8} {'run 1':>8}")
+    for n in ("1", "64"):
+        print(f"{'N=' + n:>14}" + "".join(f" {v * 1e3:>6.1f}ms" for v in med[n]))
+    extra = [(b - a) / 63 for a, b in zip(med["1"], med["64"], strict=True)]
+    print(f"{'per extra site':>14}" + "".join(f" {v * 1e6:>6.0f}us" for v in extra))
+    print(f"all 63 extra sites: {sum(extra) * 63 * 1e3:.1f} ms")
+
+
 def run_once(mode: str, n: int) -> dict[str, float]:
     """One fresh process with an empty store: the worker's record."""
     with tempfile.TemporaryDirectory() as d:
@@ -121,8 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--per-site", action="store_true",
+                        help="only the per-call-site breakdown (one warm process)")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]))
+    if args.per_site:
+        per_site()
+        return 0
     reps = 1 if args.quick else 7
     sites = [1, 4, 16] if args.quick else [1, 4, 16, 64]
     modes = ("jax", "kiln", "equinox")
