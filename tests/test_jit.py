@@ -460,6 +460,18 @@ def test_explain_names_changed_global_for_persistent_miss(caplog, monkeypatch, t
     assert "closest stored entry differs in: value:kiln_explain_mod.SCALE" in caplog.text
 
 
+def test_explain_a_changed_static_value_is_not_called_an_argument_type_change(caplog):
+    kiln.configure(explain=True)
+    f = kiln.jit(lambda x, table: x * table.sum(), static_argnames="table")
+    x = jnp.ones(3)
+    f(x, table=np.arange(4.0))
+    f.clear_cache()  # a persistent miss: the closest stored entry is compared
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        assert f(x, table=np.arange(5.0)).tolist() == [10.0] * 3
+    line = next(r.getMessage() for r in caplog.records if "closest stored entry" in r.getMessage())
+    assert "static:table:" in line and "argument types" not in line, line
+
+
 # --------------------------------------------------------------------------- arguments
 def test_bad_arguments_raise_clear_errors():
     with pytest.raises(TypeError, match="must be callable"):

@@ -924,9 +924,11 @@ class _Miss:
                     [p for p in header.get("key_parts", []) if p[0] != "signature"]
                     + header.get("fp_parts", []),
                 )
-                old_sig = header.get("signature")
-                if old_sig != self.signature:
-                    diff.insert(0, f"argument types: {old_sig} -> {self.signature}")
+                # the argument avals (static values are key parts of their own, diffed above)
+                old_avals = str(header.get("signature")).split("; static ")[0]
+                avals = self.signature.split("; static ")[0]
+                if old_avals != avals:
+                    diff.insert(0, f"argument types: {old_avals} -> {avals}")
                 if best is None or len(diff) < len(best):
                     best = diff
         except OSError:
