@@ -5,9 +5,11 @@ XLA inlines every jitted callee and compiles it again inside each caller and at 
 signature, as a :func:`kiln.jit` executable (stored like any other entry), and the outer program
 calls that executable through a host callback, the mechanism ``equinox.internal.noinline`` uses.
 
-This is the first of the mechanisms DESIGN.md lists (host callback; segmented execution and
-tier-up are not implemented yet). Its price is a device -> host -> device round trip per call:
-use it for sub-functions that are expensive to compile and called from many programs or sites.
+The call is a host callback (the first mechanism DESIGN.md lists; segmented execution is not
+built, see docs/benchmarks.md). Its price is a device -> host -> device round trip per call,
+until a ``kiln.jit`` caller tiers up (``kiln._tier_up``: the program compiled with its calls
+inlined). Use it for sub-functions that are expensive to compile and called from many programs
+or sites.
 
 Transformations are derived functions, each itself compiled once: ``jvp`` (the tangent part of
 ``jax.jvp``), the transpose of a linear function (for ``grad`` / ``vjp``), and ``vmap`` (the
@@ -17,7 +19,6 @@ batched function, one per set of batched arguments).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import inspect
 import itertools
@@ -399,15 +400,10 @@ class NoinlineFunction:
             params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
             params = []
-        known = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if params and not any(p.kind == p.VAR_KEYWORD for p in params):
-            for n in sorted(self._static_argnames - set(known)):
-                close = difflib.get_close_matches(n, known, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
-                    f"kiln.noinline: static_argnames: {getattr(fun, '__name__', fun)!r} has no "
-                    f"parameter {n!r}; its parameters are {known}.{hint}"
-                )
+        from ._jit import check_argnames
+
+        check_argnames(fun, params, [("static_argnames", n) for n in sorted(self._static_argnames)],
+                       prefix="kiln.noinline: ")
         # positional parameters, so a static argument may be passed by position too
         self._positional = [
             (p.name, p.kind == p.POSITIONAL_ONLY) for p in params

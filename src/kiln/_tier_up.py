@@ -160,7 +160,8 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
 
 def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     """Compile ``miss``'s program with its noinline calls inlined, store it (header ``tier:
-    inlined``) when its key is a fingerprint key, and return the callable executable."""
+    inlined``) under its fingerprint key, or on the verify path under the inlined module's key,
+    and return the callable executable."""
     assert miss.traced is not None  # internal invariant
     lowered = miss._inlined_lowering(args)
     want, got = _arg_avals(miss.traced), _arg_avals(lowered)
