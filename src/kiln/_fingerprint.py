@@ -23,12 +23,16 @@ verify path (trace + lower, key by the lowered module, skip only the compile).
 
 from __future__ import annotations
 
+import builtins
+import dis
 import functools
 import importlib.metadata
 import inspect
 import os
+import random
 import sys
 import sysconfig
+import threading
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +42,8 @@ import jax
 import numpy as np
 import xxhash
 
+from . import _jax_compat
+from ._errors import StaticArgumentError
 from ._hashing import Unpersistable, static_digest
 
 __all__ = ["Fingerprint", "fingerprint", "manifest_for", "check_manifest"]
@@ -124,6 +130,9 @@ def code_digest(code: types.CodeType) -> str:
     """Digest of a code object: bytecode, constants (nested code recursively), names, arity.
 
     Line numbers and file names are left out, so moving code does not change its digest.
+    Constants are hashed canonically (:func:`kiln._hashing.static_digest`), never by ``repr``:
+    a ``frozenset`` constant (``x in {"a", "b"}``) has the same digest under every
+    ``PYTHONHASHSEED``.
     """
     h = xxhash.xxh3_128()
     _feed_code(h, code)
@@ -141,7 +150,45 @@ def _feed_code(h: Any, code: types.CodeType) -> None:
             _feed_code(h, c)
         else:
             h.update(type(c).__name__.encode())
-            h.update(repr(c).encode())
+            try:
+                h.update(static_digest(c, argname="constant").encode())
+            except (Unpersistable, StaticArgumentError):  # Ellipsis and other singletons
+                h.update(repr(c).encode())
+
+
+@functools.lru_cache(maxsize=8192)
+def iterated_set_constant(code: types.CodeType) -> str | None:
+    """A ``for`` loop over a set literal whose order depends on the hash seed, if ``code`` (or
+    code nested in it) has one: ``for n in {"a", "b"}`` iterates a frozenset constant in an
+    order that changes with ``PYTHONHASHSEED`` (membership tests do not care)."""
+    prev: Any = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "GET_ITER" and prev is not None and prev.opname == "LOAD_CONST" \
+                and isinstance(prev.argval, frozenset) and not _order_is_stable(prev.argval):
+            return f"{code.co_qualname} iterates the set {sorted(map(repr, prev.argval))[:4]}"
+        prev = ins
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            found = iterated_set_constant(c)
+            if found:
+                return found
+    return None
+
+
+def _order_is_stable(items: Any) -> bool:
+    """Whether a set of ``items`` iterates in the same order in every process: their hashes
+    do not depend on ``PYTHONHASHSEED`` or on memory addresses (numbers, None, tuples of them)."""
+    return all(
+        type(e) in (int, float, bool, complex, type(None))
+        or (type(e) is tuple and _order_is_stable(e))
+        for e in items
+    )
+
+
+def _hash_seed_fixed() -> bool:
+    """``PYTHONHASHSEED`` is set to a number: str and bytes hashes repeat across processes
+    started with the same value."""
+    return os.environ.get("PYTHONHASHSEED", "random").isdigit()
 
 
 @dataclass
@@ -155,6 +202,7 @@ class Fingerprint:
             the entry header so ``KILN_EXPLAIN`` can name what changed.
         sound: False if some part could not be digested (then ``reason`` says which).
         codes: code objects covered by the walk (the manifest skips them).
+        names: every name the walked code reads (globals and attributes).
     """
 
     digest: str
@@ -162,33 +210,51 @@ class Fingerprint:
     sound: bool = True
     reason: str | None = None
     codes: set[types.CodeType] = field(default_factory=set)
+    names: set[str] = field(default_factory=set)
+
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_RNGS = (np.random.RandomState, np.random.Generator, random.Random)
 
 
 class _Walker:
+    """One static walk (see the module docstring for the rule it applies).
+
+    Objects that can hold or lead to other objects are visited once (by ``id``: a cycle ends,
+    a shared object is walked where it is first met); scalars are hashed wherever they occur,
+    so no part depends on whether two equal values happen to be one object.
+    """
+
     def __init__(self) -> None:
         self.parts: list[tuple[str, str]] = []
         self.seen: set[int] = set()
         self.codes: set[types.CodeType] = set()
         self.reason: str | None = None
         self.keep: list[Any] = []  # keep ids stable during the walk
-        self.modules: list[types.ModuleType] = []  # user modules reached as values
-        self.names: set[str] = set()  # every name any walked code reads
+        self.modules: list[types.ModuleType] = []  # modules reached as values (user and library)
+        self.names: set[str] = set()  # every name any walked user code reads
 
     def finish(self) -> None:
-        """Walk the attributes of every user module reached (through a global, a closure, a
-        default, an argument...) that any walked code names: ``mod.SCALE`` wherever ``mod``
-        came from. Repeats until no new module or name appears."""
+        """Walk the attributes of every module reached (through a global, a closure, a default,
+        an argument...) that any walked code names: ``mod.SCALE`` wherever ``mod`` came from,
+        and ``jnp.tanh`` (a library name a patch may have replaced). Repeats until no new
+        module or name appears."""
         done: set[tuple[str, str]] = set()
         changed = True
         while changed:
             changed = False
             for mod in list(self.modules):
+                user = _module_is_user(mod)
                 for attr in sorted(self.names):
-                    if (mod.__name__, attr) in done or attr not in vars(mod):
+                    if (mod.__name__, attr) in done:
                         continue
                     done.add((mod.__name__, attr))
-                    changed = True
-                    self.value(f"{mod.__name__}.{attr}", vars(mod)[attr])
+                    found, v = _module_attr(mod, attr, user)
+                    if found:
+                        changed = True
+                        # library state with no value digest (os.environ, jax.config) counts
+                        # by the library's version: README, "what kiln cannot see"
+                        self.value(f"{mod.__name__}.{attr}", v, lenient=not user)
 
     def add(self, name: str, digest: str) -> None:
         self.parts.append((name, digest))
@@ -198,6 +264,10 @@ class _Walker:
             self.reason = what
 
     def value(self, name: str, v: Any, *, lenient: bool = False) -> None:
+        """Add ``v`` by value: what it is, and everything reachable from it."""
+        if type(v) in _SCALARS:
+            self.add(f"value:{name}", static_digest(v, argname=name))
+            return
         if id(v) in self.seen:
             return
         if len(self.parts) > _MAX_ITEMS:
@@ -208,11 +278,12 @@ class _Walker:
         if isinstance(v, types.ModuleType):
             if _module_is_user(v):
                 self.add(f"module:{name}", v.__name__)
-                self.modules.append(v)  # its attributes named by any walked code: finish()
             else:
                 self.add(f"lib:{v.__name__}", library_version(v.__name__))
+            self.modules.append(v)  # its attributes named by any walked code: finish()
             return
         if isinstance(v, functools.partial):
+            self.add(f"partial:{name}", "")
             self.value(f"{name}.func", v.func)
             for i, a in enumerate(v.args):
                 self.value(f"{name}.args[{i}]", a)
@@ -221,7 +292,7 @@ class _Walker:
             return
         if isinstance(v, types.MethodType):
             self.value(f"{name}.__func__", v.__func__)
-            self.value(f"{name}.__self__", v.__self__)
+            self.value(f"{name}.__self__", v.__self__, lenient=lenient)
             return
         if isinstance(v, types.FunctionType):
             self.function(v)
@@ -231,7 +302,10 @@ class _Walker:
             return
         if isinstance(v, types.BuiltinFunctionType | types.BuiltinMethodType):
             mod = getattr(v, "__module__", None) or "builtins"
-            self.add(f"lib:{mod}", library_version(mod))
+            self.add(f"lib:{mod}.{getattr(v, '__qualname__', v.__name__)}", library_version(mod))
+            owner = getattr(v, "__self__", None)
+            if owner is not None and not isinstance(owner, types.ModuleType | type):
+                self.value(f"{name}.__self__", owner, lenient=lenient)  # ``rng.normal``
             return
         if type(v) in (tuple, list):
             self.add(f"container:{name}", f"{type(v).__name__}[{len(v)}]")
@@ -239,17 +313,24 @@ class _Walker:
                 self.value(f"{name}[{i}]", item)
             return
         if type(v) is dict:
+            # insertion order: code that iterates a dict sees it in that order
             self.add(f"container:{name}", f"dict[{len(v)}]")
-            try:
-                items = sorted(v.items(), key=lambda kv: static_digest(kv[0], argname=name))
-            except (Unpersistable, TypeError) as e:
-                self.unsound(f"{name}: dict key {e}")
-                return
-            for k, item in items:
-                self.value(f"{name}[{k!r}]", item)
+            for i, (k, item) in enumerate(v.items()):
+                self.value(f"{name}.<key {i}>", k)
+                self.value(f"{name}[{k!r}]" if type(k) in _SCALARS else f"{name}[{i}]", item)
+            return
+        if type(v) in (set, frozenset):
+            self.set_value(name, v)
             return
         if isinstance(v, _PyTreeDef):
             self.treedef(name, v)
+            return
+        if isinstance(v, _RNGS):
+            # a random generator read while tracing (``np.random.randn`` building a constant):
+            # its state, so a different seed is a different program
+            state = v.getstate() if isinstance(v, random.Random) else (
+                v.get_state() if isinstance(v, np.random.RandomState) else v.bit_generator.state)
+            self.add(f"rng:{name}", static_digest(state, argname=name))
             return
         if self.pytree(name, v):
             return
@@ -266,22 +347,54 @@ class _Walker:
             self.value(f"{name}.__wrapped__", wrapped)
             return
         cls = type(v)
-        if _is_user_class(cls):
+        user = _is_user_class(cls)
+        if user:
             self.klass(cls)  # a user dataclass / object: its methods and class constants too
         try:
             self.add(f"value:{name}", static_digest(v, argname=name))
         except Unpersistable as e:
-            if not _is_user_class(cls) and (callable(v) or lenient):
-                # an instance of a library class (a jax custom_jvp function; a class attribute
-                # such as abc's _abc_impl): counted by the library's version
-                self.add(f"lib:{cls.__module__}", library_version(cls.__module__))
-                return
-            self.unsound(f"{name}: {e}")
-        except TypeError as e:
-            self.unsound(f"{name}: {e}")
+            if user:
+                self.unsound(f"{name}: {e}")
+            elif not self.library_object(name, v) and not lenient:
+                self.unsound(f"{name}: {e}")
+        except (TypeError, ValueError) as e:
+            if user or not lenient:
+                self.unsound(f"{name}: {e}")
+            else:
+                self.add(f"lib:{cls.__module__}.{cls.__qualname__}",
+                         library_version(cls.__module__))
+
+    def library_object(self, name: str, v: Any) -> bool:
+        """An instance of a library class with no value digest: what it is (its class, by
+        name and version) and the values it holds (its ``__dict__``, by value). False when it
+        holds nothing Python can see (a C object, a lock): the caller decides."""
+        cls = type(v)
+        state = getattr(v, "__dict__", None)
+        if not isinstance(state, dict):
+            return False
+        self.add(f"lib-object:{name}", f"{cls.__module__}.{cls.__qualname__}="
+                 + library_version(cls.__module__))
+        for attr, item in sorted(state.items()):
+            self.value(f"{name}.{attr}", item)
+        return True
+
+    def set_value(self, name: str, v: set[Any] | frozenset[Any]) -> None:
+        """A set: its elements, in the order code that iterates it would see them. That order
+        is the same in every process for numbers; for strings it changes with
+        ``PYTHONHASHSEED``, so without a fixed seed such a set cannot be keyed by value."""
+        if not _order_is_stable(v) and not _hash_seed_fixed():
+            self.unsound(
+                f"{name} is a set of strings or objects: the order code iterating it sees "
+                "changes with PYTHONHASHSEED (use a tuple, or set PYTHONHASHSEED)"
+            )
+            return
+        self.add(f"container:{name}", f"{type(v).__name__}[{len(v)}]")
+        for i, item in enumerate(v):
+            self.value(f"{name}<{i}>", item)
 
     def treedef(self, name: str, t: Any) -> None:
-        """A pytree structure: node types and aux data, node by node."""
+        """A pytree structure: node types, their registered flatten / unflatten functions and
+        aux data, node by node."""
         data = t.node_data()
         if data is None:
             self.add(f"treedef:{name}", "*")
@@ -316,9 +429,14 @@ class _Walker:
         return True
 
     def klass(self, cls: type) -> None:
+        """A class: what it is and, for a user class, its methods and class variables; for a
+        pytree node type, the flatten / unflatten functions registered for it."""
         mod = cls.__module__
+        for i, fn in enumerate(_jax_compat.pytree_node_functions(cls)):
+            self.value(f"{mod}.{cls.__qualname__}.<pytree {i}>", fn)
         if not _has_file(cls) or not is_user_file(inspect.getfile(cls)):
-            self.add(f"lib:{mod}", library_version(mod))
+            # a library class (jnp.float32, optax.GradientTransformation): by name and version
+            self.add(f"lib:{mod}.{cls.__qualname__}", library_version(mod))
             return
         self.add(f"class:{mod}.{cls.__qualname__}", cls.__qualname__)
         for base in cls.__mro__[1:]:
@@ -335,61 +453,94 @@ class _Walker:
             if isinstance(member, types.FunctionType):
                 self.function(member)
             elif not (attr.startswith("_") and attr.endswith("_")):
-                # class constants (``Cfg.FACTOR``, enum members, frozensets, partials,
-                # modules): by value; what has no value digest makes the walk unsound
+                # class constants and ClassVars (``Cfg.FACTOR``, enum members, frozensets,
+                # partials, modules): by value; what has no value digest makes the walk unsound
                 self.value(f"{mod}.{cls.__qualname__}.{attr}", member, lenient=True)
 
     def function(self, fn: types.FunctionType) -> None:
         code = fn.__code__
-        if code in self.codes:
-            return
         mod = fn.__module__ or "<no module>"
         if os.path.realpath(code.co_filename).startswith(_KILN_ROOT):
             # kiln's own wrappers (noinline's flat and derived functions): their code is
             # covered by kiln's version; what they close over (the user's function, the
             # pytree structure, batching axes) is walked
             self.add(f"kiln:{fn.__qualname__}", "")
-            for var, cell in zip(code.co_freevars, fn.__closure__ or (), strict=True):
-                try:
-                    contents = cell.cell_contents
-                except ValueError:
-                    continue
-                self.value(f"{mod}.{fn.__qualname__}.<closure {var}>", contents)
+            self.cells(f"{mod}.{fn.__qualname__}", fn)
             return
         if not is_user_file(code.co_filename):
-            self.add(f"lib:{mod}", library_version(mod))
+            self.library_function(fn)
             return
-        self.codes.add(code)
-        self.names |= _code_names(code)
         qual = f"{mod}.{fn.__qualname__}"
-        self.add(f"code:{qual}", code_digest(code))
+        if code not in self.codes:
+            self.codes.add(code)
+            self.names |= _code_names(code)
+            self.add(f"code:{qual}", code_digest(code))
+            iterated = iterated_set_constant(code)
+            if iterated and not _hash_seed_fixed():
+                self.unsound(f"{qual}: {iterated}, in an order that changes with PYTHONHASHSEED")
+            self.globals_of(code, fn.__globals__, qual)
+        # every function object: two closures of one factory share code, not cells
+        self.cells(qual, fn)
+
+    def cells(self, qual: str, fn: types.FunctionType) -> None:
+        """Defaults, keyword-only defaults and closure cells of ``fn``, by value.
+
+        A bare ``object()`` sentinel (``jax.vmap``'s "no axis name") has no value; it is
+        named by the global of ``fn``'s module that holds it, since code compares it by
+        identity with that global."""
+        values: list[tuple[str, Any]] = []
         if fn.__defaults__:
-            self.value(f"{qual}.__defaults__", fn.__defaults__)
+            values += [(f"{qual}.__defaults__[{i}]", d) for i, d in enumerate(fn.__defaults__)]
         if fn.__kwdefaults__:
-            self.value(f"{qual}.__kwdefaults__", dict(fn.__kwdefaults__))
-        if fn.__closure__:
-            for var, cell in zip(code.co_freevars, fn.__closure__, strict=True):
-                try:
-                    contents = cell.cell_contents
-                except ValueError:  # empty cell
-                    continue
-                self.value(f"{qual}.<closure {var}>", contents)
-        self.globals_of(code, fn.__globals__, qual)
+            values += [(f"{qual}.__kwdefaults__[{k!r}]", d)
+                       for k, d in sorted(fn.__kwdefaults__.items())]
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+            try:
+                values.append((f"{qual}.<closure {var}>", cell.cell_contents))
+            except ValueError:  # empty cell
+                continue
+        for name, v in values:
+            where = _sentinel_name(fn.__globals__, v) if type(v) is object else None
+            if where is not None:
+                self.add(f"sentinel:{name}", where)
+            else:
+                self.value(name, v)
+
+    def library_function(self, fn: types.FunctionType) -> None:
+        """A function defined in an installed library: its code counts by the library's
+        version, but it is identified by module and qualified name, and what it holds counts
+        by value: closure cells (``optax.sgd(0.1)``'s learning rate, ``jax.grad(f)``'s ``f``),
+        defaults and ``__wrapped__``. A function that its name does not import back to (made
+        by a factory, or renamed by ``functools.wraps``) is also identified by its code."""
+        code = fn.__code__
+        module = fn.__globals__.get("__name__") or fn.__module__ or "?"
+        ident = f"{module}.{code.co_qualname}"
+        self.add(f"lib:{ident}", library_version(module))
+        if _resolve_name(module, code.co_qualname) is not fn:
+            self.add(f"lib-code:{ident}", code_digest(code))
+        self.cells(ident, fn)
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is not None:
+            self.value(f"{ident}.__wrapped__", wrapped)
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
         names = _code_names(code)
         modname = g.get("__name__", "?")
         modules = []
-        for name in sorted(names):
+        for name in sorted(names | _module_strings(code)):
             if name in g:
                 v = g[name]
                 self.value(f"{modname}.{name}", v)
                 if isinstance(v, types.ModuleType) and _module_is_user(v):
                     modules.append(v)
             elif name in sys.modules and _module_is_user(sys.modules[name]):
-                # ``import helper`` / ``from helper import h`` inside the function body
+                # ``import helper`` / ``from helper import h`` inside the function body, or
+                # ``importlib.import_module("helper")``
                 modules.append(sys.modules[name])
                 self.add(f"module:{name}", name)
+                self.modules.append(sys.modules[name])
+            elif name in _BUILTINS:
+                self.value(f"builtins.{name}", _BUILTINS[name])  # a patched builtin too
         done: set[str] = set()
         while modules:
             mod = modules.pop(0)
@@ -397,11 +548,65 @@ class _Walker:
                 continue
             done.add(mod.__name__)
             for attr in sorted(names):
-                if attr in vars(mod):
-                    v = vars(mod)[attr]
+                found, v = _module_attr(mod, attr, True)
+                if found:
                     self.value(f"{mod.__name__}.{attr}", v)
                     if isinstance(v, types.ModuleType) and _module_is_user(v):
                         modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
+
+
+_BUILTINS = vars(builtins)
+_SENTINELS: dict[int, tuple[object, str]] = {}
+
+
+def _sentinel_name(g: dict[str, Any], v: object) -> str | None:
+    """``module.name`` of the global holding sentinel ``v``: in the module of globals ``g``, or
+    one module further (``core.no_axis_name`` read by ``jax.vmap``). None when not found."""
+    known = _SENTINELS.get(id(v))
+    if known is not None and known[0] is v:
+        return known[1]
+    spaces = [g] + [vars(m) for m in list(g.values()) if isinstance(m, types.ModuleType)]
+    for space in spaces:
+        for k, item in list(space.items()):
+            if item is v:
+                where = f"{space.get('__name__')}.{k}"
+                _SENTINELS[id(v)] = (v, where)  # holds v: the id is never reused
+                return where
+    return None
+
+
+def _module_attr(mod: types.ModuleType, attr: str, user: bool) -> tuple[bool, Any]:
+    """``(True, value)`` of attribute ``attr`` of ``mod``, looked up as code reading
+    ``mod.attr`` would: its globals, then (user modules only) a module ``__getattr__``
+    (PEP 562). ``(False, None)`` when there is no such attribute."""
+    d = vars(mod)
+    if attr in d:
+        return True, d[attr]
+    if user and callable(d.get("__getattr__")):
+        try:
+            return True, getattr(mod, attr)
+        except Exception:  # noqa: BLE001 - AttributeError or the hook failing: not there
+            return False, None
+    return False, None
+
+
+def _module_strings(code: types.CodeType) -> set[str]:
+    """String constants of ``code`` that name imported modules (``import_module("mod")``)."""
+    out = {c for c in code.co_consts if type(c) is str and c in sys.modules}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _module_strings(c)
+    return out
+
+
+def _resolve_name(module: str, qualname: str) -> Any:
+    """The object that ``module`` + ``qualname`` names now, or None."""
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None or part == "<locals>":
+            return None
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def _is_user_class(cls: type) -> bool:
@@ -438,7 +643,95 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
         h.update(b"\0")
         h.update(d.encode())
         h.update(b"\n")
-    return Fingerprint(h.hexdigest(), w.parts, w.reason is None, w.reason, w.codes)
+    return Fingerprint(h.hexdigest(), w.parts, w.reason is None, w.reason, w.codes, w.names)
+
+
+# ----------------------------------------------------------------------------------------
+# Recording a cold trace
+# ----------------------------------------------------------------------------------------
+_monitoring: Any = getattr(sys, "monitoring", None)  # Python 3.12+
+_recorders: list[TraceRecorder] = []
+_tool_id: int | None = None
+_recorders_lock = threading.Lock()
+
+
+class TraceRecorder:
+    """Records what a cold trace used that a static walk before it cannot predict.
+
+    - ``imported``: user modules imported while tracing (``from mod import X`` inside the
+      function: before the trace ``mod`` is not even loaded);
+    - ``codes``: on Python 3.12+, the code of every function that ran in this thread while
+      tracing (``sys.monitoring`` PY_START, each code object reported once and then disabled,
+      which costs nothing measurable: a 3.5 s diffrax trace took no longer). Python 3.11 has
+      no such hook at a bearable price (``sys.setprofile`` added 60% to that trace), so there
+      the manifest holds the functions that emitted equations only.
+
+    Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
+    ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
+    module imported since (by a manifest check, say) was not seen by the walk either.
+    """
+
+    def __init__(self, modules_before: set[str] | None = None) -> None:
+        self.codes: set[types.CodeType] = set()
+        self.imported: tuple[str, ...] = ()
+        self.thread = threading.get_ident()
+        self._before: set[str] = modules_before or set()
+
+    def __enter__(self) -> TraceRecorder:
+        self._before = self._before or set(sys.modules)
+        if _monitoring is not None:
+            with _recorders_lock:
+                if _start_monitoring():
+                    _recorders.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if _monitoring is not None:
+            with _recorders_lock:
+                if self in _recorders:
+                    _recorders.remove(self)
+                if not _recorders:
+                    _stop_monitoring()
+        self.imported = tuple(sorted(
+            name for name, mod in list(sys.modules.items())
+            if name not in self._before and isinstance(mod, types.ModuleType)
+            and _module_is_user(mod)
+        ))
+
+
+def _start_monitoring() -> bool:
+    """Switch PY_START events on for kiln's tool (a free ``sys.monitoring`` tool id)."""
+    global _tool_id
+    mon = _monitoring
+    if _tool_id is None:
+        for tid in range(6):  # ids 0-5; debuggers, coverage and profilers take fixed ones
+            if mon.get_tool(tid) is None:
+                mon.use_tool_id(tid, "kiln")
+                mon.register_callback(tid, mon.events.PY_START, _on_py_start)
+                _tool_id = tid
+                break
+        else:
+            return False
+    if not _recorders:
+        mon.restart_events()  # codes disabled by an earlier recording report again
+        mon.set_events(_tool_id, mon.events.PY_START)
+    return True
+
+
+def _stop_monitoring() -> None:
+    if _tool_id is not None:
+        _monitoring.set_events(_tool_id, 0)
+
+
+def _on_py_start(code: types.CodeType, offset: int) -> Any:
+    me = threading.get_ident()
+    seen = False
+    for r in list(_recorders):
+        if r.thread == me:
+            r.codes.add(code)
+            seen = True
+    # reported once per recording; another thread's code stays on (it may run here later)
+    return _monitoring.DISABLE if seen else None
 
 
 # ----------------------------------------------------------------------------------------
@@ -524,16 +817,38 @@ def _shallow_digest(fn: types.FunctionType) -> str:
 
 
 def manifest_for(
-    codes: set[types.CodeType], covered: set[types.CodeType]
+    codes: set[types.CodeType],
+    fp: Fingerprint,
+    imported: tuple[str, ...] = (),
 ) -> tuple[list[list[str]], str | None]:
-    """Manifest items ``[module, qualname, digest]`` for user code that ran while tracing.
+    """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
 
-    ``codes``: code objects of the frames that emitted the program's equations
-    (:func:`kiln._jax_compat.codes_in_jaxpr`). Those the static walk ``covered`` are skipped.
+    - ``[module, qualname, digest]`` for each user function whose code is in ``codes`` (the
+      frames that emitted the program's equations, :func:`kiln._jax_compat.codes_in_jaxpr`,
+      and on Python 3.12+ every user function that ran, :class:`TraceRecorder`) and that the
+      walk did not cover;
+    - ``[module, "<module>", digest, names]`` for each user module in ``imported`` (imported
+      while tracing, so the walk before the trace could not see it): the attributes ``names``
+      that any walked code reads, by value.
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found
     again by module + qualname (the fingerprint is then unsound).
     """
+    covered = fp.codes
+    modules: list[list[str]] = []
+    names = set(fp.names)
+    for code in codes:
+        if is_user_file(code.co_filename):
+            names |= _code_names(code)
+    for mname in sorted(imported):
+        mod = sys.modules.get(mname)
+        if mod is None or not _module_is_user(mod):
+            continue
+        attrs = sorted(a for a in names if _module_attr(mod, a, True)[0])
+        try:
+            modules.append([mname, "<module>", _module_digest(mod, attrs), ",".join(attrs)])
+        except Unpersistable as e:
+            return [], f"module {mname} (imported while tracing): {e}"
     items: dict[tuple[str, str], str] = {}
     by_file: dict[str, str] | None = None
     for code in sorted(codes, key=lambda c: (c.co_filename, c.co_qualname)):
@@ -570,12 +885,49 @@ def manifest_for(
             items[key] = _shallow_digest(fn)
         except Unpersistable as e:
             return [], f"{module}.{qualname}: {e}"
-    return [[m, q, d] for (m, q), d in sorted(items.items())], None
+    return [[m, q, d] for (m, q), d in sorted(items.items())] + modules, None
+
+
+def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
+    """Digest of attributes ``attrs`` of user module ``mod``, by value (a full walk each).
+
+    Raises:
+        Unpersistable: some part has no canonical digest.
+    """
+    w = _Walker()
+    w.add(f"module:{mod.__name__}", ",".join(attrs))
+    for attr in attrs:
+        found, v = _module_attr(mod, attr, True)
+        w.value(f"{mod.__name__}.{attr}", v if found else "<missing>")
+    w.finish()
+    if w.reason is not None:
+        raise Unpersistable(w.reason)
+    h = xxhash.xxh3_128()
+    for name, d in w.parts:
+        h.update(f"{name}\0{d}\n".encode())
+    return h.hexdigest()
+
+
+
 
 
 def check_manifest(items: list[list[str]]) -> str | None:
-    """None if every manifest item still hashes the same, else a description of the first change."""
-    for module, qualname, digest in items:
+    """None if every manifest item still hashes the same, else a description of the first change.
+
+    A module item names a module the cold trace imported; one this process has not imported yet
+    is imported here (as the trace it replaces would have), so its values can be compared.
+    """
+    for module, qualname, digest, *rest in items:
+        if qualname == "<module>":
+            # a module the cold trace imported: import it now if this process has not
+            try:
+                mod = sys.modules.get(module) or importlib.import_module(module)
+                now = _module_digest(mod, rest[0].split(",") if rest and rest[0] else [])
+            except Exception as e:  # noqa: BLE001 - a module that no longer imports: stale
+                return f"module {module}: {type(e).__name__}: {e}"
+            if now != digest:
+                return f"values read from module {module} changed"
+            continue
         fn = _resolve(module, qualname)
         if not isinstance(fn, types.FunctionType):
             return f"{module}.{qualname} no longer exists"

@@ -480,3 +480,20 @@ def unpickle_value(data: bytes) -> Any:
 def is_tracer(x: Any) -> bool:
     """True for a JAX tracer (abstract value under a transformation)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def pytree_node_functions(typ: type) -> tuple[Any, ...]:
+    """The flatten / unflatten callables registered for pytree node type ``typ`` (empty for a
+    type with no Python-side registration: builtins, or a type jax does not know).
+
+    ``jax._src.tree_util._registry`` maps each type registered through
+    ``register_pytree_node`` / ``register_pytree_with_keys`` / ``register_dataclass`` to a
+    ``_RegistryEntry(to_iter, from_iter)`` (jax 0.4 to 0.10.2). They run whenever an argument of
+    that type is flattened or rebuilt inside the trace, so they are part of what a program is
+    built from.
+    """
+    entry = getattr(_tree_util, "_registry", {}).get(typ)
+    if entry is None:
+        return ()
+    return tuple(f for f in (getattr(entry, "to_iter", None), getattr(entry, "from_iter", None))
+                 if f is not None)

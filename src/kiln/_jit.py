@@ -44,7 +44,7 @@ from . import _explain, _jax_compat, _noinline, _tier_up
 from ._config import Config, get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StaticArgumentError, StoreError, StoreWarning, VerifyError
-from ._fingerprint import check_manifest, fingerprint, manifest_for
+from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
 from ._hashing import Unpersistable, static_digest
 from ._key import environment_parts, make_key
 from ._progress import compiling
@@ -643,6 +643,11 @@ def _leaf_paths(
     return out
 
 
+# Static values whose digest is all there is to them (no code, no class behind them).
+_PLAIN_STATIC = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic,
+                 jax.Array)
+
+
 class _Miss:
     """One in-process miss: load from the store or compile, then store."""
 
@@ -685,7 +690,8 @@ class _Miss:
         self.inlined_key: str | None = None
         self.candidate: bool | None = None  # memos of _tier_up_candidate, _inline_directly
         self.direct: bool | None = None
-        self.calls: set[Any] = set()
+        self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
+        self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.trace_seconds = 0.0
         structure, aux = _treedef_parts(treedef)
         self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
@@ -712,8 +718,9 @@ class _Miss:
                         "dataclass of plain values"
                     )
                 digest = "see-fingerprint"
-                # every such value is walked with the function's code (each one: a changed
-                # closure in any of them changes the key)
+            if not isinstance(value, _PLAIN_STATIC):
+                # a static value is walked with the function's code, each one: a function's
+                # code and closure, a dataclass's methods and class variables count too
                 extra.append((f"static:{name}", value))
             static_parts.append((f"static:{name}", str(digest)))
             self.static_text.append(
@@ -721,6 +728,7 @@ class _Miss:
             )
         if self.static_text:
             self.signature += "; static " + ", ".join(self.static_text)
+        self.modules_before = set(sys.modules)  # what the static walk below can see
         self.fp = fingerprint(jf._fun, extra=extra)
         if not self.fp.sound and self.unsound is None:
             self.unsound = self.fp.reason
@@ -752,8 +760,10 @@ class _Miss:
     def _trace(self) -> jax.stages.Traced:
         if self.traced is None:
             t0 = time.perf_counter()
-            traced = self.traced = self.jitted.trace(*self.leaves)
-            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr)
+            with TraceRecorder(self.modules_before) as recorded:
+                traced = self.traced = self.jitted.trace(*self.leaves)
+            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorded.codes
+            self.imported = recorded.imported
             _explain.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0
         return self.traced
@@ -825,7 +835,7 @@ class _Miss:
             self._explain("verify-path", f"taking the verify path: {self.unsound}")
             return self._verify_path(t_start)
         self._trace()
-        manifest, reason = manifest_for(self.calls, self.fp.codes)
+        manifest, reason = manifest_for(self.calls, self.fp, self.imported)
         assert fp_key is not None  # internal invariant: the fingerprint was sound
         if reason is not None:
             self._explain("verify-path", f"taking the verify path: {reason}")

@@ -178,7 +178,7 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
         codes = set(miss.calls)
         for _, sub_jaxpr in _noinline.calls_in(miss.traced.jaxpr.jaxpr):
             codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
-        manifest, reason = manifest_for(codes, miss.fp.codes)
+        manifest, reason = manifest_for(codes, miss.fp, miss.imported)
         if reason is not None:
             miss._explain("tier-up", f"inlined program not stored: {reason}")
             return result
