@@ -482,3 +482,19 @@ def test_bad_arguments_raise_clear_errors():
         kiln.jit(lambda x, table: x, static_argnames="tabel")
     with pytest.raises(TypeError, match="static_argnums"):
         kiln.jit(lambda x: x, static_argnums="x")
+
+
+@pytest.mark.parametrize("first", ["nan", "finite"])
+def test_debug_nans_raises_floating_point_error_as_jax_jit(first):
+    """Under jax_debug_nans, jax.jit raises FloatingPointError naming the operation (after
+    re-running op by op), never jax's internal InternalFloatingPointError; on the first call
+    and on a signature the C++ dispatcher already caches."""
+    def f(x):
+        return jnp.log(x) * 2
+
+    for fn in (jax.jit(f), kiln.jit(f)):
+        with jax.debug_nans(True):
+            if first == "finite":
+                assert float(fn(jnp.array(1.0))) == 0.0
+            with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
+                fn(jnp.array(-1.0))

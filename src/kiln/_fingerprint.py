@@ -233,6 +233,7 @@ class _Walker:
         self.keep: list[Any] = []  # keep ids stable during the walk
         self.modules: list[types.ModuleType] = []  # modules reached as values (user and library)
         self.names: set[str] = set()  # every name any walked user code reads
+        self.in_library = 0  # > 0 while walking what a library object holds
 
     def finish(self) -> None:
         """Walk the attributes of every module reached (through a global, a closure, a default,
@@ -350,19 +351,23 @@ class _Walker:
         user = _is_user_class(cls)
         if user:
             self.klass(cls)  # a user dataclass / object: its methods and class constants too
+        if isinstance(v, types.UnionType | types.GenericAlias) or cls.__module__ == "typing":
+            self.add(f"typing:{name}", repr(v))  # an annotation: ``Event | None``
+            return
         try:
             self.add(f"value:{name}", static_digest(v, argname=name))
-        except Unpersistable as e:
+        except (Unpersistable, TypeError, ValueError) as e:
             if user:
                 self.unsound(f"{name}: {e}")
-            elif not self.library_object(name, v) and not lenient:
-                self.unsound(f"{name}: {e}")
-        except (TypeError, ValueError) as e:
-            if user or not lenient:
-                self.unsound(f"{name}: {e}")
-            else:
+            elif self.library_object(name, v):
+                pass
+            elif lenient or self.in_library:
+                # an opaque object of a library class (a C object, a lock) held by library
+                # code or state: counted with that library, by class name and version
                 self.add(f"lib:{cls.__module__}.{cls.__qualname__}",
                          library_version(cls.__module__))
+            else:
+                self.unsound(f"{name}: {e}")
 
     def library_object(self, name: str, v: Any) -> bool:
         """An instance of a library class with no value digest: what it is (its class, by
@@ -370,12 +375,18 @@ class _Walker:
         holds nothing Python can see (a C object, a lock): the caller decides."""
         cls = type(v)
         state = getattr(v, "__dict__", None)
-        if not isinstance(state, dict):
+        if not isinstance(state, dict) or cls.__module__.partition(".")[0] == "kiln":
+            # kiln's own objects say what they are through __kiln_digest__ or __wrapped__;
+            # their state (caches of compiled functions) is not what a program is built from
             return False
         self.add(f"lib-object:{name}", f"{cls.__module__}.{cls.__qualname__}="
                  + library_version(cls.__module__))
-        for attr, item in sorted(state.items()):
-            self.value(f"{name}.{attr}", item)
+        self.in_library += 1
+        try:
+            for attr, item in sorted(state.items()):
+                self.value(f"{name}.{attr}", item)
+        finally:
+            self.in_library -= 1
         return True
 
     def set_value(self, name: str, v: set[Any] | frozenset[Any]) -> None:
@@ -423,9 +434,14 @@ class _Walker:
         typ, aux = data
         self.klass(typ)
         self.add(f"pytree:{name}", f"{typ.__module__}.{typ.__qualname__}")
-        self.value(f"{name}.<aux>", aux)
-        for i, child in enumerate(children):
-            self.value(f"{name}.<child {i}>", child)
+        library = not _is_user_class(typ)
+        self.in_library += library
+        try:
+            self.value(f"{name}.<aux>", aux)
+            for i, child in enumerate(children):
+                self.value(f"{name}.<child {i}>", child)
+        finally:
+            self.in_library -= library
         return True
 
     def klass(self, cls: type) -> None:
@@ -518,10 +534,14 @@ class _Walker:
         self.add(f"lib:{ident}", library_version(module))
         if _resolve_name(module, code.co_qualname) is not fn:
             self.add(f"lib-code:{ident}", code_digest(code))
-        self.cells(ident, fn)
-        wrapped = getattr(fn, "__wrapped__", None)
-        if wrapped is not None:
-            self.value(f"{ident}.__wrapped__", wrapped)
+        self.in_library += 1
+        try:
+            self.cells(ident, fn)
+            wrapped = getattr(fn, "__wrapped__", None)
+            if wrapped is not None:
+                self.value(f"{ident}.__wrapped__", wrapped)
+        finally:
+            self.in_library -= 1
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
         names = _code_names(code)

@@ -385,7 +385,9 @@ def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
 
 
 def make_dispatcher(
-    name: str, cache_miss: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, Any]]
+    name: str,
+    cache_miss: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, Any]],
+    fun: Callable[..., Any],
 ) -> Callable[..., Any]:
     """A C++ dispatcher like ``jax.jit``'s: after the first call with a signature, later calls
     with that signature (and the same jax trace context) run the executable without Python.
@@ -394,7 +396,9 @@ def make_dispatcher(
     cache has not seen (and under transformations, ``disable_jit``, non-array arguments); when it
     returns a ``jax.stages.Compiled`` whose calling convention is the flat leaves of
     ``(args, kwargs)``, that executable is cached in C++ for the signature. Mirrors
-    ``MeshExecutable.create_cpp_call`` (jax 0.10.2).
+    ``MeshExecutable.create_cpp_call`` (jax 0.10.2). ``fun``: the user's function, which
+    jax's NaN check (``jax_debug_nans``, ``api._nan_check_posthook``) re-runs op by op as
+    ``dispatcher._fun`` to name the operation that produced a NaN.
     """
 
     def miss(*args: Any, **kwargs: Any) -> Any:
@@ -404,12 +408,14 @@ def make_dispatcher(
     def fallback(*args: Any, **kwargs: Any) -> Any:  # under jax.disable_jit()
         return cache_miss(args, kwargs)[0]
 
-    return _jaxlib_ext.pjit(  # type: ignore[no-any-return]
+    dispatcher = _jaxlib_ext.pjit(
         name, fallback, miss, [], [], _pxla.JitGlobalCppCacheKeys(),
         jax.tree_util.dispatch_registry if hasattr(jax.tree_util, "dispatch_registry")
         else _tree_util.dispatch_registry,
         _pxla.cc_shard_arg,
     )
+    dispatcher._fun = fun
+    return dispatcher  # type: ignore[no-any-return]
 
 
 def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
@@ -497,3 +503,20 @@ def pytree_node_functions(typ: type) -> tuple[Any, ...]:
         return ()
     return tuple(f for f in (getattr(entry, "to_iter", None), getattr(entry, "from_iter", None))
                  if f is not None)
+
+
+# jax._src.api_util.InternalFloatingPointError(name, ty): raised by an executable's output check
+# under jax_debug_nans / jax_debug_infs; jax.jit turns it into FloatingPointError through
+# api_util.maybe_recursive_nan_check (re-runs the function op by op). Both in jax 0.4 to 0.10.2.
+from jax._src import api_util as _api_util  # noqa: E402
+
+InternalFloatingPointError = _api_util.InternalFloatingPointError
+
+
+def raise_floating_point_error(e: Exception, fun: Any, args: Any, kwargs: Any) -> None:
+    """Raise the ``FloatingPointError`` ``jax.jit`` raises for ``e`` (naming the operation that
+    produced the NaN or inf when the de-optimized re-run finds it)."""
+    _api_util.maybe_recursive_nan_check(e, fun, args, kwargs)  # raises when it finds the op
+    raise FloatingPointError(
+        f"invalid value ({getattr(e, 'ty', 'nan')}) encountered in {getattr(e, 'name', fun)}"
+    ) from None

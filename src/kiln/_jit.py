@@ -246,7 +246,7 @@ class JitFunction:
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
         self._dispatch = (
             None if self._has_statics
-            else _jax_compat.make_dispatcher(self._name, self._python_call)
+            else _jax_compat.make_dispatcher(self._name, self._python_call, fun)
         )
         if self._dispatch is not None:
             # Python looks __call__ up on the type: in a class of its own whose __call__ is the
@@ -465,7 +465,12 @@ class JitFunction:
             call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
         else:
             self._hot_calls += 1
-        outs = call(*leaves)
+        try:
+            outs = call(*leaves)
+        except _jax_compat.InternalFloatingPointError as e:
+            # jax_debug_nans / jax_debug_infs: as jax.jit, re-run op by op to name the
+            # operation, raising FloatingPointError (never jax's internal exception)
+            _jax_compat.raise_floating_point_error(e, self._fun, args, kwargs)
         # only a plain executable over all leaves of (args, kwargs) can be cached in C++
         cacheable = isinstance(call, jax.stages.Compiled) and not static_key
         return outs, (call if cacheable else None)

@@ -1,0 +1,206 @@
+"""The static walk's rule, in process: library objects by name and by what they hold, values by
+value, and what cannot be keyed sends the call down the verify path (never a guess).
+
+Cross-process edits of the same kinds are in ``test_staleness.py`` and
+``test_staleness_values.py``; here each property is checked directly on fingerprints.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from kiln._fingerprint import check_manifest, code_digest, fingerprint
+
+SCALE = 2.0
+
+
+def _digest(fn, **extra):
+    fp = fingerprint(fn, extra=list(extra.items()))
+    assert fp.sound, fp.reason
+    return fp.digest
+
+
+def _apply(act):
+    def f(x):
+        return act(x)
+
+    return f
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (jax.nn.relu, jax.nn.relu6),  # custom_jvp objects of one module
+        (jnp.tanh, jnp.sin),  # jitted library functions
+        (jnp.mean, jnp.sum),  # plain library functions
+        (jnp.float32, jnp.bfloat16),  # library classes
+        (np.sin, np.cos),  # ufuncs
+    ],
+)
+def test_library_objects_are_identified_by_name(a, b):
+    assert _digest(_apply(a)) == _digest(_apply(a))
+    assert _digest(_apply(a)) != _digest(_apply(b))
+
+
+def test_library_closures_count_by_value():
+    """optax transformations, schedules and jax.grad / jax.vmap of partials hold their
+    parameters in closure cells (or partial keywords): each is part of the key."""
+    def loss(x, reg):
+        return jnp.sum(x**2) * reg
+
+    pairs = [
+        (optax.sgd(0.1), optax.sgd(0.5)),
+        (optax.sgd(0.1), optax.adam(0.1)),
+        (optax.linear_schedule(1.0, 0.0, 10), optax.linear_schedule(2.0, 0.0, 10)),
+        (jax.grad(functools.partial(loss, reg=0.5)), jax.grad(functools.partial(loss, reg=2.0))),
+        (jax.vmap(functools.partial(loss, reg=0.5)), jax.vmap(functools.partial(loss, reg=2.0))),
+        (jax.nn.initializers.constant(2.0), jax.nn.initializers.constant(3.0)),
+    ]
+    for a, b in pairs:
+        assert _digest(_apply(a)) == _digest(_apply(a))
+        assert _digest(_apply(a)) != _digest(_apply(b)), (a, b)
+    # the same parameters built twice: equal (no identity in the key)
+    assert _digest(_apply(optax.adam(0.1))) == _digest(_apply(optax.adam(0.1)))
+
+
+def test_static_callables_are_walked_by_code():
+    def lr_a():
+        return 0.1
+
+    def lr_b():
+        return 0.2
+
+    def f(x, lr):
+        return x * lr()
+
+    assert _digest(f, **{"static:lr": lr_a}) != _digest(f, **{"static:lr": lr_b})
+
+
+def test_dict_order_counts():
+    """Code iterating a dict sees insertion order, so the order is part of the value."""
+    d1, d2 = {"a": 1.0, "b": 2.0}, {"b": 2.0, "a": 1.0}
+
+    def g1(x):
+        return x * list(d1.values())[0]
+
+    def g2(x):
+        return x * list(d2.values())[0]
+
+    assert _digest(g1) != _digest(g2)
+
+
+def test_numpy_global_generator_state_counts():
+    def f(x):
+        return x + np.random.randn(3)
+
+    np.random.seed(0)
+    a = _digest(f)
+    assert _digest(f) == a  # walking does not draw
+    np.random.seed(1)
+    assert _digest(f) != a
+    np.random.seed(0)
+    assert _digest(f) == a
+
+
+WORDS = {"alpha", "beta", "gamma"}
+
+
+def _iterate_words(x):
+    for w in WORDS:
+        x = x * len(w)
+    return x
+
+
+def _iterate_literal(x):
+    for w in {"alpha", "beta"}:
+        x = x * len(w)
+    return x
+
+
+def _membership(x, mode="a"):
+    return x * 2 if mode in {"a", "b"} else x
+
+
+@pytest.mark.parametrize("fn", [_iterate_words, _iterate_literal])
+def test_sets_of_strings_take_the_verify_path_without_a_fixed_hash_seed(monkeypatch, fn):
+    """The order a set of strings iterates in changes with PYTHONHASHSEED: never keyed by a
+    guess. With a fixed seed the iteration order itself is keyed."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    fp = fingerprint(fn)
+    assert not fp.sound and "PYTHONHASHSEED" in str(fp.reason)
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert fingerprint(fn).sound
+
+
+def test_membership_tests_stay_on_the_fast_path(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert fingerprint(_membership).sound
+
+
+def test_code_digests_do_not_depend_on_the_hash_seed():
+    """A frozenset constant (``x in {"a", "b"}``) was hashed by repr, whose order follows the
+    hash seed: every process recompiled. Now two seeds give one digest."""
+    prog = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from kiln._fingerprint import code_digest\n"
+        "def f(x, mode='a'):\n"
+        "    return x if mode in {'alpha', 'beta', 'gamma', 'delta', 'epsilon'} else -x\n"
+        "print(code_digest(f.__code__))\n"
+    )
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/src"
+    out = {
+        subprocess.run([sys.executable, "-c", prog, src], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
+        for seed in ("1", "2", "3", "4")
+    }
+    assert len(out) == 1, out
+    assert code_digest(_membership.__code__) == code_digest(_membership.__code__)
+
+
+def test_a_global_without_value_digest_is_unsound():
+    lock = threading.Lock()
+
+    def f(x):
+        lock.locked()
+        return x
+
+    fp = fingerprint(f)
+    assert not fp.sound and "lock" in str(fp.reason)
+
+
+def test_patched_library_name_counts(monkeypatch):
+    def f(x):
+        return jnp.cosh(x)
+
+    a = _digest(f)
+    monkeypatch.setattr(jnp, "cosh", lambda x: x)
+    b = _digest(f)
+    monkeypatch.setattr(jnp, "cosh", lambda x: x * 2)
+    c = _digest(f)
+    assert len({a, b, c}) == 3
+
+
+def test_manifest_module_items_import_and_compare(tmp_path, monkeypatch):
+    (tmp_path / "kiln_fp_lazy.py").write_text("SCALE = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kiln_fp_lazy  # noqa: F401
+
+    from kiln._fingerprint import _module_digest
+
+    item = ["kiln_fp_lazy", "<module>", _module_digest(sys.modules["kiln_fp_lazy"], ["SCALE"]),
+            "SCALE"]
+    assert check_manifest([item]) is None
+    del sys.modules["kiln_fp_lazy"]  # a fresh process: the check imports it again
+    (tmp_path / "kiln_fp_lazy.py").write_text("SCALE = 3.0\n")
+    assert "kiln_fp_lazy" in str(check_manifest([item]))
+    del sys.modules["kiln_fp_lazy"]
