@@ -41,6 +41,8 @@ class Stats:
         compile_seconds: seconds spent tracing + lowering + compiling on misses.
         saved_seconds: compile seconds recorded in the entries that were loaded instead.
         load_seconds: seconds spent loading (deserializing) entries.
+        fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
+            store lookup, building a manifest after a cold trace, re-checking one on a hit).
         bad_entries: corrupt / foreign / tampered entries seen (each replaced).
         stores_written: entries written.
         noinline_calls: host round trips into :func:`kiln.noinline` executables (one per call
@@ -57,6 +59,7 @@ class Stats:
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
     load_seconds: float = 0.0
+    fingerprint_seconds: float = 0.0
     bad_entries: int = 0
     stores_written: int = 0
     noinline_calls: int = 0

@@ -251,10 +251,14 @@ class _Walker:
                         continue
                     done.add((mod.__name__, attr))
                     found, v = _module_attr(mod, attr, user)
-                    if found:
-                        changed = True
-                        # library state with no value digest (os.environ, jax.config) counts
-                        # by the library's version: README, "what kiln cannot see"
+                    if not found:
+                        continue
+                    changed = True
+                    if not user and not _has_code_or_name(v) and not _is_user_class(type(v)):
+                        # library state (os.environ, jax.config, a registry): by value when it
+                        # has one, else by the library's version (README: what kiln cannot see)
+                        self.library_state(f"{mod.__name__}.{attr}", v)
+                    else:
                         self.value(f"{mod.__name__}.{attr}", v, lenient=not user)
 
     def add(self, name: str, digest: str) -> None:
@@ -368,6 +372,19 @@ class _Walker:
                          library_version(cls.__module__))
             else:
                 self.unsound(f"{name}: {e}")
+
+    def library_state(self, name: str, v: Any) -> None:
+        """A module-level object of a library that is not code (``jnp.pi``, ``os.environ``)."""
+        if id(v) in self.seen:
+            return
+        self.seen.add(id(v))
+        self.keep.append(v)
+        try:
+            self.add(f"value:{name}", static_digest(v, argname=name))
+        except (Unpersistable, TypeError, ValueError):
+            cls = type(v)
+            self.add(f"lib-state:{name}", f"{cls.__module__}.{cls.__qualname__}="
+                     + library_version(cls.__module__))
 
     def library_object(self, name: str, v: Any) -> bool:
         """An instance of a library class with no value digest: what it is (its class, by
@@ -576,6 +593,18 @@ class _Walker:
 
 
 _BUILTINS = vars(builtins)
+
+
+def _has_code_or_name(v: Any) -> bool:
+    """Functions, classes, modules, partials, custom_jvp and jitted wrappers: what the walk
+    follows into; anything else in a library module is that library's state."""
+    return (
+        isinstance(v, types.FunctionType | types.BuiltinFunctionType | types.MethodType | type
+                   | types.ModuleType | functools.partial)
+        or (callable(v) and (getattr(v, "__wrapped__", None) is not None
+                             or type(v).__name__ in ("custom_jvp", "custom_vjp")))
+        or isinstance(v, _RNGS)
+    )
 _SENTINELS: dict[int, tuple[object, str]] = {}
 
 

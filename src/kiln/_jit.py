@@ -734,7 +734,9 @@ class _Miss:
         if self.static_text:
             self.signature += "; static " + ", ".join(self.static_text)
         self.modules_before = set(sys.modules)  # what the static walk below can see
+        t0 = time.perf_counter()
         self.fp = fingerprint(jf._fun, extra=extra)
+        _explain.bump(fingerprint_seconds=time.perf_counter() - t0)
         if not self.fp.sound and self.unsound is None:
             self.unsound = self.fp.reason
         self.base_parts = environment_parts() + [
@@ -840,7 +842,9 @@ class _Miss:
             self._explain("verify-path", f"taking the verify path: {self.unsound}")
             return self._verify_path(t_start)
         self._trace()
+        t0 = time.perf_counter()
         manifest, reason = manifest_for(self.calls, self.fp, self.imported)
+        _explain.bump(fingerprint_seconds=time.perf_counter() - t0)
         assert fp_key is not None  # internal invariant: the fingerprint was sound
         if reason is not None:
             self._explain("verify-path", f"taking the verify path: {reason}")
@@ -878,7 +882,9 @@ class _Miss:
         if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._tier_up:
             # stored before its inlined form was ready: tier up in this process
             self.tier_up, self.key = True, key
+        t0 = time.perf_counter()
         changed = check_manifest(header.get("manifest") or [])
+        _explain.bump(fingerprint_seconds=time.perf_counter() - t0)
         if changed is not None:
             self._explain("manifest", f"stored entry is stale: {changed}")
             return None
