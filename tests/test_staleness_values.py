@@ -58,7 +58,8 @@ SCENARIOS = [
     # transformations and partials wrap what they are given
     Scenario("grad_partial", (("prog.py", "partial(loss, reg=0.5)", "partial(loss, reg=2.0)"),)),
     Scenario("grad_closure", (("prog.py", "make_loss(0.5)", "make_loss(2.0)"),)),
-    Scenario("vmap_partial_global", (("prog.py", "partial(h, scale=2.0)", "partial(h, scale=3.0)"),)),
+    Scenario("vmap_partial_global",
+             (("prog.py", "partial(h, scale=2.0)", "partial(h, scale=3.0)"),)),
     Scenario("jit_partial_global", (("prog.py", "partial(h2, k=2.0)", "partial(h2, k=5.0)"),)),
     # modules imported while tracing
     # (the key is taken before the trace imports the module, so the edited and the original
@@ -69,7 +70,8 @@ SCENARIOS = [
     Scenario("lazy_importlib", (("lazy_c.py", "SCALE = 2.0", "SCALE = 3.0"),), "manifest"),
     Scenario("module_getattr", (("lazyattr.py", "return 2.0", "return 3.0"),)),
     # static arguments: their methods, class variables and code
-    Scenario("static_dataclass_method", (("cfgs.py", "return self.base * 2", "return self.base * 3"),)),
+    Scenario("static_dataclass_method",
+             (("cfgs.py", "return self.base * 2", "return self.base * 3"),)),
     Scenario("static_classvar", (("cfgs.py", "SCALE: ClassVar[float] = 2.0",
                                   "SCALE: ClassVar[float] = 4.0"),)),
     Scenario("static_function", (("prog.py", "return 0.1  # lr", "return 0.2  # lr"),)),
@@ -406,7 +408,8 @@ FILES = {
         "    def scaled(self):\n        return self.base * self.SCALE\n"
     ),
     "pairs.py": (
-        "import jax\n\n\nclass Pair:\n    def __init__(self, a, b):\n        self.a, self.b = a, b\n\n\n"
+        "import jax\n\n\nclass Pair:\n    def __init__(self, a, b):\n"
+        "        self.a, self.b = a, b\n\n\n"
         "def flatten(p):\n    return (p.a, p.b), None\n\n\n"
         "def unflatten(aux, children):\n    return Pair(children[0], children[1])\n\n\n"
         "jax.tree_util.register_pytree_node(Pair, flatten, unflatten)\n"
