@@ -37,7 +37,11 @@ RUNNER = (
     "import json, runpy, sys\n"
     "path = sys.argv[1]\n"
     "sys.argv = sys.argv[1:]\n"
-    "runpy.run_path(path, run_name='__main__')\n"
+    "try:\n"
+    "    runpy.run_path(path, run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "    if e.code:\n"
+    "        raise\n"
     "import kiln\n"
     "print('KILN-STATS ' + json.dumps(kiln.stats().as_dict()))\n"
 )

@@ -204,3 +204,18 @@ def test_manifest_module_items_import_and_compare(tmp_path, monkeypatch):
     (tmp_path / "kiln_fp_lazy.py").write_text("SCALE = 3.0\n")
     assert "kiln_fp_lazy" in str(check_manifest([item]))
     del sys.modules["kiln_fp_lazy"]
+
+
+def test_python_random_state_counts():
+    import random
+
+    def f(x):
+        return x * random.random()
+
+    random.seed(0)
+    a = _digest(f)
+    random.seed(1)
+    assert _digest(f) != a
+    random.seed(0)
+    assert _digest(f) == a
+
