@@ -253,6 +253,9 @@ def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "functions": {DOUBLE: 2, INC: 1},
         "verify_only_markers": 0,
         "unreadable": 0,
+        "stray_files": 0,
+        "temp_files": 0,
+        "temp_bytes": 0,
     }
     code, out, _ = _run(["stats"], capsys)
     assert code == 0

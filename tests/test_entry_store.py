@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -127,18 +129,35 @@ def test_special_files_at_entry_paths(tmp_path):
 
 
 def test_temp_files_of_killed_writers_are_swept(tmp_path):
+    """Temp files are removed only when no live writer can own them: their writer (host and
+    pid in the name) has exited, or they are older than any write takes. A prune must never
+    delete the temp file of a writer in another process (issue 9: 39 of 60 entries lost)."""
+    from kiln.stores import _local
+
     store = LocalStore(tmp_path / "s")
     store.put(_key(1), b"x")
     folder = next((tmp_path / "s" / "entries").iterdir())
     old = folder / ".0000000000000001.abc.tmp"
     old.write_bytes(b"half")
     os.utime(old, (1, 1))  # long ago
-    fresh = folder / ".0000000000000001.def.tmp"
-    fresh.write_bytes(b"half")  # maybe a live writer: kept by put
+    unknown = folder / ".0000000000000001.def.tmp"  # an unknown writer: maybe alive
+    unknown.write_bytes(b"half")
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)
+    dead_pid = int(exited.stdout)
+    dead = folder / f".0000000000000001.{_local._HOST}.{dead_pid}.ghi.tmp"
+    dead.write_bytes(b"half")
+    live = folder / f".0000000000000001.{_local._HOST}.{os.getppid()}.jkl.tmp"
+    live.write_bytes(b"half")
+    mine = folder / f".0000000000000001.{_local._HOST}.{os.getpid()}.mno.tmp"
+    mine.write_bytes(b"half")
+    assert len(store.temp_files()) == 5
     store.put(_key(1), b"z")
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and not dead.exists()
+    assert unknown.exists() and live.exists() and mine.exists()
     store.prune(10**9)
-    assert not fresh.exists()
+    assert unknown.exists() and live.exists() and mine.exists()
+    assert store.get(_key(1)) == b"z"
 
 
 def test_bad_key_is_rejected(tmp_path):

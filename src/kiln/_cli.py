@@ -118,9 +118,30 @@ def _configured(**settings: Any) -> contextlib.AbstractContextManager[None]:
 
 
 def _open_store() -> Any:
+    """The configured store; a local one that kiln would refuse (not a directory, writable by
+    others) is an error here (exit 1), as it is a warning in programs."""
     from .stores import open_store
 
-    return open_store(_config.get_config())
+    store = open_store(_config.get_config())
+    check = getattr(store, "check", None)
+    if check is not None:
+        check()
+    return store
+
+
+def _strays(store: Any) -> list[Any]:
+    """Paths in the store that are not entries (local stores; none elsewhere)."""
+    return list(getattr(store, "strays", lambda: [])())
+
+
+def _temps(store: Any) -> tuple[int, int]:
+    """(count, bytes) of writers' temp files (in progress or left by killed writers)."""
+    n = size = 0
+    for p in getattr(store, "temp_files", lambda: [])():
+        with contextlib.suppress(OSError):
+            size += p.stat().st_size
+            n += 1
+    return n, size
 
 
 @dataclasses.dataclass
@@ -215,6 +236,10 @@ def _looks_like_key(key: str) -> bool:
 def _cmd_ls(args: argparse.Namespace) -> int:
     store = _open_store()
     rows = _rows(store)
+    strays = _strays(store)
+    if strays:
+        _note(f"{len(strays)} stray file(s) in {store.url} that are not entries (not listed; "
+              "'kiln verify' names them, 'kiln verify --delete-bad' removes them)")
     if args.json:
         _say(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
@@ -254,6 +279,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "functions": dict(sorted(functions.items())),
         "verify_only_markers": sum(r.kind == "verify-only" for r in rows),
         "unreadable": sum(r.kind == "unreadable" for r in rows),
+        "stray_files": len(_strays(store)),
+        "temp_files": _temps(store)[0],
+        "temp_bytes": _temps(store)[1],
     }
     if args.json:
         _say(json.dumps(summary, indent=2))
@@ -266,6 +294,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         _say(f"verify-only markers: {summary['verify_only_markers']}")
     if summary["unreadable"]:
         _say(f"unreadable: {summary['unreadable']}")
+    if summary["stray_files"]:
+        _say(f"stray files (not entries): {summary['stray_files']}")
+    if summary["temp_files"]:
+        _say(f"temp files: {summary['temp_files']} ({_human_size(summary['temp_bytes'])}; "
+             "writes in progress, or left by killed writers: 'kiln prune' removes those)")
     if functions:
         _say("functions:")
         for line in _columns([(str(n), f) for f, n in sorted(functions.items())], (True, False)):
@@ -301,10 +334,23 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 reason = str(e)
         deleted = False
         if reason is not None and args.delete_bad:
-            with contextlib.suppress(ValueError):
+            try:
                 deleted = bool(store.delete(key))
+            except OSError as e:
+                _note(f"error: cannot delete {key}: {e}")
         results.append({"key": key, "ok": reason is None, "function": function,
                         "reason": reason, "deleted": deleted})
+    for path in _strays(store):
+        deleted = False
+        if args.delete_bad:
+            try:
+                store.remove_stray(path)
+                deleted = True
+            except OSError as e:
+                _note(f"error: cannot remove {path}: {e}")
+        kind = "a directory" if path.is_dir() else "not named like an entry key"
+        results.append({"key": str(path), "ok": False, "function": "-",
+                        "reason": f"stray: {kind}", "deleted": deleted})
     bad = [r for r in results if not r["ok"]]
     if args.json:
         _say(json.dumps({
@@ -319,7 +365,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             if r["ok"]:
                 _say(f"ok {r['key'][:12]} {r['function']}")
             else:
-                _say(f"BAD {r['key'][:12]} {r['reason']}" + (" (deleted)" if r["deleted"] else ""))
+                key = r["key"] if r["reason"].startswith("stray") else r["key"][:12]
+                _say(f"BAD {key} {r['reason']}" + (" (deleted)" if r["deleted"] else ""))
         summary = f"{_entries(len(results))}: {len(results) - len(bad)} ok, {len(bad)} bad"
         if args.delete_bad:
             summary += f", {sum(r['deleted'] for r in results)} deleted"
@@ -343,7 +390,11 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             st = store.stat(key)
             if st is not None:
                 sizes[key] = st.size
+    temps_before = _temps(store)[0]
     evicted = store.prune(max_size, dry_run=args.dry_run)
+    swept = temps_before - _temps(store)[0]
+    if swept > 0:
+        _say(f"removed {swept} temp file(s) left by writers that are gone")
     freed = sum(sizes.get(k, 0) for k in evicted)
     left = sum(sizes.values()) - freed
     verb = "would remove" if args.dry_run else "removed"
@@ -368,12 +419,24 @@ def _cmd_clear(args: argparse.Namespace) -> int:
     if args.dry_run:
         _say(f"would remove {_entries(len(keys))} ({_human_size(size)}) from {store.url}")
         return 0
-    removed = 0
+    removed = failed = 0
     for key in keys:
-        with contextlib.suppress(ValueError):
+        try:
             removed += bool(store.delete(key))
-    _say(f"removed {_entries(removed)} ({_human_size(size)}) from {store.url}")
-    return 0
+        except OSError as e:
+            failed += 1
+            _note(f"error: cannot delete {key}: {e}")
+    gone = 0
+    for path in _strays(store):
+        try:
+            store.remove_stray(path)
+            gone += 1
+        except OSError as e:
+            failed += 1
+            _note(f"error: cannot remove {path}: {e}")
+    _say(f"removed {_entries(removed)} ({_human_size(size)}) from {store.url}"
+         + (f" and {gone} stray file(s)" if gone else ""))
+    return 1 if failed else 0
 
 
 # -- kiln run ------------------------------------------------------------------------------------

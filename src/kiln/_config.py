@@ -121,7 +121,14 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
     if name == "cache_dir":
         if value in (None, ""):
             return _default_cache_dir()  # KILN_CACHE_DIR="" means the default, not "."
-        return Path(value).expanduser()
+        try:
+            return Path(value).expanduser()
+        except RuntimeError as e:  # "~nosuchuser/x": pathlib cannot find that home directory
+            where = "KILN_CACHE_DIR" if from_env else "cache_dir"
+            raise ConfigError(
+                f"{where}={str(value)!r}: {e}; give an absolute path or one under your own "
+                "home directory (~/...)"
+            ) from None
     if name == "max_size":
         return parse_size(value, name="KILN_MAX_SIZE" if from_env else "max_size")
     if name in ("explain", "verify", "strict", "tier_up"):

@@ -44,6 +44,8 @@ class Stats:
         fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
             store lookup, building a manifest after a cold trace, re-checking one on a hit).
         bad_entries: corrupt / foreign / tampered entries seen (each replaced).
+        store_errors: failures of the store itself (I/O errors, a full or read-only disk, its
+            index, a refused directory); the first per store gives a ``StoreWarning``.
         stores_written: entries written.
         noinline_calls: host round trips into :func:`kiln.noinline` executables (one per call
             site executed, while a program runs in its not-inlined form).
@@ -61,6 +63,7 @@ class Stats:
     load_seconds: float = 0.0
     fingerprint_seconds: float = 0.0
     bad_entries: int = 0
+    store_errors: int = 0
     stores_written: int = 0
     noinline_calls: int = 0
     tier_ups: int = 0

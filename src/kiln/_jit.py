@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -98,6 +99,28 @@ def _is_jax_value(x: Any) -> bool:
         return True
     except TypeError:
         return False
+
+
+def _is_static_output(x: Any, depth: int = 4) -> bool:
+    """Whether a non-array output leaf can be returned outside the executable (as
+    ``equinox.filter_jit`` does): not an iterator or generator, and holding no tracer (a
+    traced value inside a Python object would leak out of the trace)."""
+    if _jax_compat.is_tracer(x):
+        return False
+    if isinstance(x, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType) or (
+        hasattr(x, "__next__") and hasattr(x, "__iter__")
+    ):
+        return False
+    if depth == 0:
+        return True
+    if isinstance(x, list | tuple | set | frozenset):
+        return all(_is_static_output(v, depth - 1) for v in x)
+    if isinstance(x, dict):
+        return all(_is_static_output(v, depth - 1) for v in x.values())
+    state = getattr(x, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(x, type | types.ModuleType | types.FunctionType):
+        return all(_is_static_output(v, depth - 1) for v in state.values())
+    return True
 
 
 def _with_static_outputs(compiled: Any, out_tree: Any, static_out: dict[int, Any]) -> Any:
@@ -386,6 +409,13 @@ class JitFunction:
             static_out = {i: x for i, x in enumerate(out_leaves) if not _is_jax_value(x)}
             if not static_out:
                 return out
+            for x in static_out.values():
+                if not _is_static_output(x):
+                    # jax.jit's error: a traced value escaping in a Python object, a generator
+                    raise TypeError(
+                        f"function {self._name} traced for jit returned a value of type "
+                        f"{type(x)}, which is not a valid JAX type"
+                    )
             # outputs that are not JAX types (an equinox Module's functions, strings) are
             # returned outside the executable, as equinox.filter_jit does
             box["static_out"] = (out_tree, static_out)
@@ -607,6 +637,11 @@ def _note_creation(fun: Any) -> None:
 _KILN_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+# Stores (by URL) that already gave this process its one warning (see _Miss._store_fault).
+_faulted_stores: set[str] = set()
+_faulted_lock = threading.Lock()
+
+
 def _user_stacklevel() -> int:
     """stacklevel for warnings.warn that points at the first frame outside kiln and jax."""
     frame = sys._getframe(1)
@@ -755,11 +790,32 @@ class _Miss:
             self.memory_reason = None
 
     def _warn(self, message: str, then: str) -> None:
-        """A store problem: a warning pointing at the user's call (``then`` says what kiln
-        does next), or with ``KILN_STRICT=1`` a :class:`StoreError`."""
+        """A bad entry: a warning pointing at the user's call (``then`` says what kiln does
+        next), or with ``KILN_STRICT=1`` a :class:`StoreError`."""
         if self.cfg.strict:
-            raise StoreError(f"{message} (KILN_STRICT=1 is set; unset it to {then} instead)")
+            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
+                             "and recompile)")
         warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=_user_stacklevel())
+
+    def _store_fault(self, doing: str, e: BaseException) -> None:
+        """The store itself failed (I/O, its index, a refused directory): counted; one warning
+        per store per process, then quiet (the program goes on compiling in memory); with
+        ``KILN_STRICT=1`` a :class:`StoreError`."""
+        _explain.bump(store_errors=1)
+        message = f"kiln: cannot {doing} store {self.store.url!r} ({e})"
+        if self.cfg.strict:
+            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
+                             "once and go on without the store)") from None
+        with _faulted_lock:
+            if self.store.url in _faulted_stores:
+                logger.debug("%s", message)
+                return
+            _faulted_stores.add(self.store.url)
+        warnings.warn(
+            f"{message}; compiling in memory (further problems with this store are counted in "
+            "kiln.stats().store_errors, not repeated)", StoreWarning,
+            stacklevel=_user_stacklevel(),
+        )
 
     def _explain(self, kind: str, message: str) -> None:
         _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
@@ -857,8 +913,8 @@ class _Miss:
     def _load(self, key: str, t_start: float) -> Any:
         try:
             blob = self.store.get(key)
-        except OSError as e:
-            self._warn(f"kiln: cannot read store {self.store.url!r} ({e})", "compiling instead")
+        except (OSError, StoreError) as e:
+            self._store_fault("read", e)
             return None
         if blob is None:
             self._log_memory_reason()
@@ -965,7 +1021,7 @@ class _Miss:
                     diff.insert(0, f"argument types: {old_avals} -> {avals}")
                 if best is None or len(diff) < len(best):
                     best = diff
-        except OSError:
+        except (OSError, StoreError):
             best = None
         if best is None:
             self._explain("persistent-miss", f"no stored entry for {fname} ({self.signature})")
@@ -1091,9 +1147,8 @@ class _Miss:
         blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
         try:
             self.store.put(key, blob)
-        except OSError as e:
-            self._warn(f"kiln: cannot write to store {self.store.url!r} ({e})",
-                       "continuing without storing")
+        except (OSError, StoreError) as e:
+            self._store_fault("write to", e)
             return
         _explain.bump(stores_written=1)
 

@@ -13,7 +13,7 @@ from ._memory import NullStore as NullStore
 
 __all__ = ["EntryStat", "LocalStore", "MemoryStore", "NullStore", "Store", "open_store"]
 
-_cache: dict[tuple[str, str, int], Store] = {}
+_cache: dict[tuple[str, str, int, bool], Store] = {}
 _lock = threading.Lock()
 
 
@@ -24,19 +24,20 @@ def open_store(config: Config) -> Store:
     ``"null"`` / ``"off"``; any other string is a local directory path (``file://`` allowed).
     """
     url = config.store
-    ident: tuple[str, str, int]
+    shared = config.signing_key is not None  # a signed store may be shared (see LocalStore)
+    ident: tuple[str, str, int, bool]
     if url is None or url in ("", "local"):
-        ident = ("local", str(config.cache_dir), config.max_size)
+        ident = ("local", str(config.cache_dir), config.max_size, shared)
     elif url in ("memory", "null", "off"):
-        ident = ("memory" if url == "memory" else "null", "", 0)
+        ident = ("memory" if url == "memory" else "null", "", 0, False)
     else:
         path = url[len("file://"):] if url.startswith("file://") else url
-        ident = ("local", path, config.max_size)
+        ident = ("local", path, config.max_size, shared)
     with _lock:
         store = _cache.get(ident)
         if store is None:
             if ident[0] == "local":
-                store = LocalStore(str(ident[1]), max_size=config.max_size)
+                store = LocalStore(str(ident[1]), max_size=config.max_size, shared=shared)
             elif ident[0] == "memory":
                 store = MemoryStore()
             else:

@@ -11,6 +11,18 @@ on failure), so a reader in another process sees the old entry, the new one, or 
 of one. The index is advisory: it is rebuilt from the directory when it is missing or corrupt,
 and a row whose file is gone is dropped. Directories are created 0700 and files 0600: an entry
 holds native code, so the store must be private to its user.
+
+What is trusted: a store directory (or its ``entries/`` folder) that other users can write to,
+or that another user owns, is refused with :class:`kiln.StoreError` (kiln never changes
+permissions) unless the store is signed (``KILN_SIGNING_KEY``: then only entries signed with
+that key are ever decoded). An entry file owned by another user is never read.
+
+Faults: every failure of the files or of the index (``OSError``, ``sqlite3.Error``) reaches
+the caller as ``OSError``; a read-only or full store still serves reads (``last_used`` updates
+are best-effort). Files under ``entries/`` that are not entries (``strays()``) are never read
+as entries, never evicted as entries, and listed by path. Temp files of writers (named
+``.<key prefix>.<host>.<pid>.<random>.tmp``) are removed only once their writer is gone (same
+host, process no longer running) or after ``_TEMP_MAX_AGE`` seconds.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import contextlib
 import errno
 import os
 import shutil
+import socket
 import sqlite3
 import stat
 import tempfile
@@ -29,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .._entry import peek_header
-from .._errors import EntryError
+from .._errors import EntryError, StoreError
 from ._base import EntryStat
 
 __all__ = ["LocalStore"]
@@ -41,28 +54,84 @@ _SCHEMA = (
 _HEADER_READ = 1 << 16
 
 
-_TEMP_MAX_AGE = 600.0  # seconds: a temp file older than this belongs to a dead writer
+_TEMP_MAX_AGE = 3600.0  # seconds: no write of one entry takes this long
+_HOST = socket.gethostname().replace(".", "_")[:32] or "host"
 
 
-def _sweep_temp_files(folder: Path, older_than: float = _TEMP_MAX_AGE) -> None:
-    """Remove ``.*.tmp`` files older than ``older_than`` seconds (left by killed writers)."""
+def _looks_like_key(name: str) -> bool:
+    return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
+
+
+def _temp_is_abandoned(tmp: Path, now: float) -> bool:
+    """Whether no live writer can own temp file ``tmp``: its writer (host and pid in its name)
+    is gone, or it is older than ``_TEMP_MAX_AGE`` seconds."""
+    try:
+        age = now - tmp.stat().st_mtime
+    except OSError:
+        return False
+    if age >= _TEMP_MAX_AGE:
+        return True
+    parts = tmp.name.split(".")  # ["", key16, host, pid, random, "tmp"]
+    if len(parts) == 6 and parts[2] == _HOST and parts[3].isdigit():
+        pid = int(parts[3])
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True  # that process has exited
+        except OSError:
+            return False  # alive (owned by someone else)
+    return False
+
+
+def _sweep_temp_files(folder: Path) -> int:
+    """Remove abandoned ``.*.tmp`` files in ``folder``; returns how many."""
     now = time.time()
+    removed = 0
     for tmp in folder.glob(".*.tmp"):
-        with contextlib.suppress(OSError):
-            if now - tmp.stat().st_mtime >= older_than:
+        if _temp_is_abandoned(tmp, now):
+            with contextlib.suppress(OSError):
                 tmp.unlink()
+                removed += 1
+    return removed
+
+
+@contextlib.contextmanager
+def _index_errors(path: Path) -> Iterator[None]:
+    """Any failure of the SQLite index (disk full, read-only, locked, corrupt) as ``OSError``."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        raise OSError(errno.EIO, f"store index {path}: {e}") from None
+
+
+def _is_entry_file(p: Path) -> bool:
+    """A regular file (not a link) named ``<hex key>.kiln``."""
+    if not _looks_like_key(p.stem):
+        return False
+    try:
+        return stat.S_ISREG(p.lstat().st_mode)
+    except OSError:
+        return False
 
 
 class LocalStore:
     """Entries as files under ``root`` with an LRU size cap of ``max_size`` bytes."""
 
-    def __init__(self, root: str | os.PathLike[str], *, max_size: int = 4 * 1024**3) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, max_size: int = 4 * 1024**3, shared: bool = False
+    ) -> None:
+        """``shared``: the store is signed (``KILN_SIGNING_KEY``), so a directory other users
+        can write to is accepted (their unsigned or foreign entries are never decoded)."""
         self.root = Path(root).expanduser()
         self.url = str(self.root)
         self.max_size = max_size
+        self.shared = shared
         self._entries = self.root / "entries"
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._checked = False
 
     # -- helpers -------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -70,34 +139,89 @@ class LocalStore:
             raise ValueError(f"store key must be lowercase hex, got {key!r}")
         return self._entries / key[:2] / f"{key}.kiln"
 
+    def _check_private(self) -> None:
+        """Refuse a store that other users can change (see the module docstring).
+
+        Raises:
+            StoreError: the root or ``entries/`` is writable by others or owned by another
+                user, or the root is not a directory.
+        """
+        if self._checked:
+            return
+        me = os.geteuid()
+        for d in (self.root, self._entries):
+            try:
+                st = os.stat(d)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise StoreError(f"kiln store {str(d)!r} is not a directory; point "
+                                 "KILN_CACHE_DIR at a directory (or remove that file)")
+            if self.shared:
+                continue
+            if st.st_uid != me:
+                raise StoreError(
+                    f"kiln store directory {str(d)!r} is owned by uid {st.st_uid}, not by you "
+                    f"(uid {me}): whoever owns it can run code in your processes through its "
+                    "entries. Use a directory of your own, or set KILN_SIGNING_KEY for a store "
+                    "meant to be shared (then only entries signed with it are loaded)"
+                )
+            if st.st_mode & 0o022:
+                raise StoreError(
+                    f"kiln store directory {str(d)!r} is writable by other users (mode "
+                    f"{stat.S_IMODE(st.st_mode):o}): they could plant entries that run as "
+                    f"you. Run 'chmod 700 {d}', or set KILN_SIGNING_KEY for a store meant to "
+                    "be shared (then only entries signed with it are loaded)"
+                )
+        self._checked = self.root.is_dir() and self._entries.is_dir()
+
+    def check(self) -> None:
+        """Raise :class:`kiln.StoreError` if this store would be refused (not a directory,
+        writable by others, owned by another user); see :meth:`_check_private`."""
+        self._check_private()
+
     def _ensure_dirs(self) -> None:
+        self._check_private()
         for d in (self.root, self._entries):
             if not d.is_dir():
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.chmod(d, 0o700)
+        self._check_private()
 
     def _conn(self) -> sqlite3.Connection:
+        path = self.root / "index.sqlite"
+        if self._db is not None and not path.exists():
+            # the index was deleted under us (by hand, or another process): start a new one
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            self._db = None
         if self._db is None:
             self._ensure_dirs()
-            path = self.root / "index.sqlite"
-            fresh = not path.exists()
-            try:
-                db = sqlite3.connect(path, timeout=60, check_same_thread=False)
-                db.execute(_SCHEMA)
-                db.commit()
-            except sqlite3.DatabaseError:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                db = sqlite3.connect(path, timeout=60, check_same_thread=False)
-                db.execute(_SCHEMA)
-                db.commit()
-                fresh = True
-            with contextlib.suppress(OSError):
-                os.chmod(path, 0o600)
-            self._db = db
-            if fresh:
-                self._rebuild_locked()
+            with _index_errors(path):
+                self._db = self._connect(path)
         return self._db
+
+    def _connect(self, path: Path) -> sqlite3.Connection:
+        fresh = not path.exists()
+        try:
+            db = sqlite3.connect(path, timeout=60, check_same_thread=False)
+            db.execute(_SCHEMA)
+            db.commit()
+        except sqlite3.OperationalError:
+            raise  # read-only, full, locked: a fault, not a corrupt index
+        except sqlite3.DatabaseError:  # "file is not a database": rebuild it
+            with contextlib.suppress(OSError):
+                path.unlink()
+            db = sqlite3.connect(path, timeout=60, check_same_thread=False)
+            db.execute(_SCHEMA)
+            db.commit()
+            fresh = True
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o600)
+        self._db = db
+        if fresh:
+            self._rebuild_locked()
+        return db
 
     def _rebuild_locked(self) -> None:
         db = self._db
@@ -105,17 +229,18 @@ class LocalStore:
         rows = []
         for path in self._entries.glob("*/*.kiln"):
             try:
-                st = path.stat()
+                st = path.lstat()
             except OSError:
                 continue
-            rows.append((path.stem, st.st_size, st.st_mtime, st.st_mtime))
+            if _looks_like_key(path.stem) and stat.S_ISREG(st.st_mode):
+                rows.append((path.stem, st.st_size, st.st_mtime, st.st_mtime))
         db.execute("DELETE FROM entries")
         db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", rows)
         db.commit()
 
     def rebuild_index(self) -> None:
         """Re-read the directory into the index (after files were added or removed by hand)."""
-        with self._lock:
+        with self._lock, _index_errors(self.root / "index.sqlite"):
             self._conn()
             self._rebuild_locked()
 
@@ -132,19 +257,28 @@ class LocalStore:
             if e.errno == errno.ELOOP:  # a symlink where an entry should be
                 raise OSError(e.errno, f"entry path is a symlink: {path}") from None
             raise
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
+        try:
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, f"entry path is not a regular file: {path}")
+            if st.st_uid != os.geteuid() and not self.shared:
+                raise OSError(errno.EPERM, f"entry {path} is owned by uid {st.st_uid}, not by "
+                              "you: not read (set KILN_SIGNING_KEY for a shared store)")
+        except BaseException:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "rb") as f:
             return f.read(st.st_size)
 
     def get(self, key: str) -> bytes | None:
         path = self._path(key)
+        self._check_private()
         data = self._read(path)
         if data is None:
             return None
         now = time.time()
-        with self._lock:
+        # best-effort: a read-only or full store still serves its entries
+        with contextlib.suppress(OSError, sqlite3.Error), self._lock:
             db = self._conn()
             cur = db.execute("UPDATE entries SET last_used=? WHERE key=?", (now, key))
             if cur.rowcount == 0:
@@ -155,6 +289,7 @@ class LocalStore:
 
     def peek(self, key: str) -> bytes | None:
         """The blob stored under ``key``, or ``None``, without marking it used (for audits)."""
+        self._check_private()
         return self._read(self._path(key))
 
     def put(self, key: str, data: bytes) -> None:
@@ -164,7 +299,9 @@ class LocalStore:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)  # not an entry: replace it
         _sweep_temp_files(path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{key[:16]}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent
+        )
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -176,7 +313,7 @@ class LocalStore:
                 os.unlink(tmp)
             raise
         now = time.time()
-        with self._lock:
+        with self._lock, _index_errors(self.root / "index.sqlite"):
             db = self._conn()
             db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
                        (key, len(data), now, now))
@@ -190,16 +327,55 @@ class LocalStore:
             path.unlink()
         except FileNotFoundError:
             existed = False
-        with self._lock:
+        with self._lock, _index_errors(self.root / "index.sqlite"):
             db = self._conn()
             db.execute("DELETE FROM entries WHERE key=?", (key,))
             db.commit()
         return existed
 
     def iter(self) -> Iterator[str]:
+        """Keys of the entry files (regular files named ``<hex key>.kiln``); anything else
+        under ``entries/`` is a stray (:meth:`strays`)."""
         if not self._entries.is_dir():
             return iter(())
-        return (p.stem for p in sorted(self._entries.glob("*/*.kiln")))
+        return (p.stem for p in sorted(self._entries.glob("*/*.kiln")) if _is_entry_file(p))
+
+    def strays(self) -> list[Path]:
+        """Paths under ``entries/`` that are neither entries nor writers' temp files: files
+        not named like a key, directories or links where an entry should be, other files."""
+        if not self._entries.is_dir():
+            return []
+        out = []
+        for sub in sorted(self._entries.iterdir()):
+            if not sub.is_dir() or sub.is_symlink() or len(sub.name) != 2:
+                out.append(sub)
+                continue
+            for p in sorted(sub.iterdir()):
+                if p.name.startswith(".") and p.name.endswith(".tmp"):
+                    continue
+                if not (p.suffix == ".kiln" and _is_entry_file(p)):
+                    out.append(p)
+        return out
+
+    def temp_files(self) -> list[Path]:
+        """Writers' temp files under ``entries/`` (in progress, or left by killed writers)."""
+        if not self._entries.is_dir():
+            return []
+        return sorted(self._entries.glob("*/.*.tmp"))
+
+    def remove_stray(self, path: Path) -> None:
+        """Delete one stray (file, link or directory tree) under ``entries/``.
+
+        Raises:
+            ValueError: ``path`` is not under this store's ``entries/``.
+            OSError: it could not be removed.
+        """
+        if self._entries not in Path(path).parents:
+            raise ValueError(f"{path} is not in store {self.url}")
+        if Path(path).is_dir() and not Path(path).is_symlink():
+            shutil.rmtree(path)
+        else:
+            Path(path).unlink()
 
     def stat(self, key: str) -> EntryStat | None:
         path = self._path(key)
@@ -207,7 +383,8 @@ class LocalStore:
             st = path.stat()
         except FileNotFoundError:
             return None
-        with self._lock:
+        row = None
+        with contextlib.suppress(OSError, sqlite3.Error), self._lock:  # times: best-effort
             row = self._conn().execute(
                 "SELECT created, last_used FROM entries WHERE key=?", (key,)
             ).fetchone()
@@ -229,21 +406,21 @@ class LocalStore:
     # -- size management -----------------------------------------------------------------
     def total_size(self) -> int:
         """Bytes of all entries, from the index."""
-        with self._lock:
+        with self._lock, _index_errors(self.root / "index.sqlite"):
             (total,) = self._conn().execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()
         return int(total)
 
     def prune(self, max_size: int, *, dry_run: bool = False) -> list[str]:
         """Evict least recently used entries until the store holds at most ``max_size`` bytes.
 
-        Also removes temporary files left by writers that were killed mid-write.
-        Returns the evicted keys (or those that would be, with ``dry_run``).
+        Also removes temp files whose writers are gone (killed mid-write); never those of a
+        live writer. Returns the evicted keys (or those that would be, with ``dry_run``).
         """
         if not dry_run and self._entries.is_dir():
             for sub in self._entries.iterdir():
-                if sub.is_dir():
-                    _sweep_temp_files(sub, older_than=0.0)
-        with self._lock:
+                if sub.is_dir() and not sub.is_symlink():
+                    _sweep_temp_files(sub)
+        with self._lock, _index_errors(self.root / "index.sqlite"):
             self._conn()
             return self._evict_locked(max_size, keep=None, dry_run=dry_run)
 
@@ -259,7 +436,7 @@ class LocalStore:
         ).fetchall():
             if total <= max_size:
                 break
-            if key == keep:
+            if key == keep or not _looks_like_key(key):
                 continue
             evicted.append(key)
             total -= size
