@@ -78,7 +78,28 @@ def trace_context() -> list[tuple[str, str]]:
         names = list(_jax_config.trace_context_names())
     except NotImplementedError:  # pragma: no cover - older jaxlib
         names = [f"trace_context[{i}]" for i in range(len(values))]
-    return [(n, _ADDR.sub("", repr(v))) for n, v in zip(names, values, strict=True)]
+    return [(n, _context_text(v)) for n, v in zip(names, values, strict=True)]
+
+
+def _context_text(v: Any) -> str:
+    """Canonical text of one trace-context value: its repr, except for objects whose repr is
+    only an address (``jax._src.core.AxisEnv``: the axis names and sizes of enclosing
+    ``vmap`` / ``shard_map`` / ``pmap``, which ``jax.lax.axis_size`` reads), spelled out by
+    their slots or attributes, sets sorted (no order from the hash seed)."""
+    text = repr(v)
+    if " object at 0x" not in text:
+        return _ADDR.sub("", text)
+    fields = [f for f in getattr(type(v), "__slots__", ()) if f != "__weakref__"] or sorted(
+        getattr(v, "__dict__", {}))
+    parts = []
+    for f in fields:
+        item = getattr(v, f, None)
+        if isinstance(item, set | frozenset):
+            item = sorted(map(repr, item))
+        elif hasattr(item, "items"):
+            item = sorted((repr(k), repr(x)) for k, x in item.items())
+        parts.append(f"{f}={_ADDR.sub('', repr(item))}")
+    return f"{type(v).__module__}.{type(v).__qualname__}({', '.join(parts)})"
 
 
 def local_config() -> list[tuple[Any, Any]]:

@@ -1,0 +1,62 @@
+"""jax's trace context is part of every key: a program traced under one context is never run
+under another (issue 10, item 1: the axis environment gave a wrong result, stored and served
+to later processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import pytest
+
+import kiln
+from kiln import _jax_compat
+
+PROG = textwrap.dedent('''\
+    import sys
+    import jax
+    import kiln
+    g = kiln.jit(lambda: jax.lax.axis_size("i"))
+    got = [int(jax.vmap(g, axis_name="i", axis_size=int(n), out_axes=None)())
+           for n in sys.argv[1:]]
+    print(got, kiln.stats().hits, kiln.stats().misses)
+    ''')
+
+
+def test_axis_size_under_vmap_is_part_of_the_key_in_process() -> None:
+    g = kiln.jit(lambda: jax.lax.axis_size("i"))
+    for n in (2, 3, 2, 5):
+        assert int(jax.vmap(g, axis_name="i", axis_size=n, out_axes=None)()) == n
+
+
+@pytest.mark.slow
+def test_axis_size_under_vmap_is_part_of_the_key_across_processes(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
+    env.update(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu")
+
+    def run(*sizes: int) -> str:
+        proc = subprocess.run([sys.executable, "-c", PROG, *map(str, sizes)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout.strip()
+
+    assert run(2) == "[2] 0 1"  # the store holds the program for an axis of size 2
+    assert run(3) == "[3] 0 1"  # before: [2], loaded from that entry
+    assert run(2, 3) == "[2, 3] 2 0"  # each size hits its own entry
+
+
+def test_trace_context_text_has_no_address_and_names_axis_sizes() -> None:
+    seen = []
+
+    def probe():
+        seen.append(dict(_jax_compat.trace_context()))  # runs while vmap traces
+        return jax.numpy.zeros(())
+
+    jax.vmap(probe, axis_name="i", axis_size=4, out_axes=None)()
+    outside = dict(_jax_compat.trace_context())
+    assert all("0x" not in v for v in [*outside.values(), *seen[0].values()])
+    assert "axis_sizes=[]" in outside["axis_env_state"]
+    assert "axis_sizes=[(\"'i'\", '4')]" in seen[0]["axis_env_state"], seen[0]
