@@ -498,3 +498,49 @@ def test_debug_nans_raises_floating_point_error_as_jax_jit(first):
                 assert float(fn(jnp.array(1.0))) == 0.0
             with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
                 fn(jnp.array(-1.0))
+
+
+def test_a_function_closing_over_a_tracer_runs_as_a_nested_jit_and_is_never_stored():
+    """Created inside a transformation, it closes over a tracer while its arguments are plain
+    numbers: before, 'Computation compiled for 2 inputs but called with 1'."""
+    want = jax.jvp(lambda x: jax.jit(lambda y: y * x)(4.0), (5.0,), (1.0,))
+    got = jax.jvp(lambda x: kiln.jit(lambda y: y * x)(4.0), (5.0,), (1.0,))
+    assert [float(v) for v in got] == [float(v) for v in want] == [20.0, 4.0]
+    assert kiln.stats().compiles == 0 and kiln.stats().stores_written == 0
+
+
+def test_eval_shape_evaluates_abstractly():
+    inner = kiln.jit(lambda x: x * 2)
+    out = jax.eval_shape(lambda: inner(jax.ShapeDtypeStruct((), jnp.float32)))
+    assert (out.shape, out.dtype) == ((), jnp.float32)
+    assert kiln.stats().compiles == 0 and kiln.stats().stores_written == 0
+
+
+def test_token_arguments_and_results_as_jax_jit():
+    a, t = kiln.jit(lambda a, t: (a, t))(jnp.ones(3), jax.lax.create_token())
+    assert np.asarray(a).tolist() == [1.0] * 3 and type(t) is type(jax.lax.create_token())
+    y, t2 = kiln.jit(lambda a: (a * 2, jax.lax.create_token()))(jnp.ones(3))
+    assert np.asarray(y).tolist() == [2.0] * 3 and type(t2) is type(t)
+
+
+def test_deleting_a_function_frees_what_it_closes_over_at_once():
+    """As with jax.jit: no reference cycle keeps the closure alive until the collector runs."""
+    import gc
+    import weakref
+
+    class Held:
+        v = 2.0
+
+    def make(o):
+        return kiln.jit(lambda x: x * o.v)
+
+    gc.disable()
+    try:
+        o = Held()
+        ref = weakref.ref(o)
+        f = make(o)
+        assert np.asarray(f(jnp.ones(3))).tolist() == [2.0] * 3
+        del o, f
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -504,6 +504,14 @@ def unpickle_value(data: bytes) -> Any:
     return _ValueUnpickler(io.BytesIO(data)).load()
 
 
+def at_top_level() -> bool:
+    """Whether no transformation or trace is running in this thread (jax's current trace is
+    the eval trace). ``jax._src.core.trace_ctx.is_top_level()``, jax 0.4.36 to 0.10.2. Under
+    ``jax.jvp`` / ``vmap`` / an outer ``jit`` a function can close over a tracer while its
+    arguments are plain values, so the arguments alone cannot tell."""
+    return bool(_core.trace_ctx.is_top_level())
+
+
 def is_tracer(x: Any) -> bool:
     """True for a JAX tracer (abstract value under a transformation)."""
     return isinstance(x, jax.core.Tracer)

@@ -24,6 +24,7 @@ What a warm start skips:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
@@ -84,9 +85,12 @@ def _leaf_sig(x: Any) -> Any:
     if _jax_compat.is_tracer(x):
         return None
     try:
-        return jax.typeof(x)
+        aval = jax.typeof(x)
     except TypeError:
         return _STATIC_LEAF  # not a JAX type (a function, a string, ...): static by value
+    if not hasattr(aval, "weak_type"):
+        return None  # a token (jax.lax.create_token): run as a plain nested jax.jit
+    return aval
 
 
 def _is_jax_value(x: Any) -> bool:
@@ -99,6 +103,34 @@ def _is_jax_value(x: Any) -> bool:
         return True
     except TypeError:
         return False
+
+
+def _weak_python_call(jf: JitFunction) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """``jf._python_call`` through a weak reference: the dispatcher lives on ``jf``, and a
+    bound method would make a cycle that keeps ``jf`` and what its function closes over alive
+    until the garbage collector runs (``jax.jit`` frees them at ``del``)."""
+    ref = weakref.ref(jf)
+
+    def python_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        target = ref()
+        if target is None:  # pragma: no cover - the dispatcher outlived its function
+            raise RuntimeError("this kiln.jit function was garbage collected")
+        return target._python_call(args, kwargs)
+
+    return python_call
+
+
+def _weak_fun(jf: JitFunction) -> Callable[..., Any]:
+    """``jf``'s function, reached through a weak reference (for jax's NaN check re-run)."""
+    ref = weakref.ref(jf)
+
+    def fun(*args: Any, **kwargs: Any) -> Any:
+        target = ref()
+        if target is None:  # pragma: no cover
+            raise RuntimeError("this kiln.jit function was garbage collected")
+        return target._fun(*args, **kwargs)
+
+    return fun
 
 
 def _is_static_output(x: Any, depth: int = 4) -> bool:
@@ -269,7 +301,7 @@ class JitFunction:
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
         self._dispatch = (
             None if self._has_statics
-            else _jax_compat.make_dispatcher(self._name, self._python_call, fun)
+            else _jax_compat.make_dispatcher(self._name, _weak_python_call(self), _weak_fun(self))
         )
         if self._dispatch is not None:
             # Python looks __call__ up on the type: in a class of its own whose __call__ is the
@@ -282,6 +314,15 @@ class JitFunction:
                  "__module__": JitFunction.__module__, "__qualname__": "JitFunction"},
             )
         _note_creation(fun)
+
+    def __del__(self) -> None:
+        # A class is always in a reference cycle (its __mro__ holds it), so the class of its
+        # own (above) lives until the garbage collector runs: let go of the dispatcher and
+        # its compiled executables now, as jax.jit does when its function is deleted.
+        cls = type(self)
+        if cls is not JitFunction and "__call__" in vars(cls):
+            with contextlib.suppress(Exception):
+                delattr(cls, "__call__")
 
     # -- descriptor protocol: @kiln.jit on a method ---------------------------------------
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -467,7 +508,9 @@ class JitFunction:
             dyn_args, dyn_kwargs, statics, static_key = args, kwargs, (), ()
         leaves, treedef = _tree_flatten((dyn_args, dyn_kwargs))
         sigs = tuple(map(_leaf_sig, leaves))
-        if None in sigs:
+        if None in sigs or not _jax_compat.at_top_level():
+            # a tracer among the arguments, or one the function may close over: behave as a
+            # nested jax.jit (never compile or store a program that captured a tracer)
             return None, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
         if _STATIC_LEAF in sigs:
             leaf_key, leaves = self._static_leaves(leaves, sigs, treedef)
