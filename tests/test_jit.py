@@ -379,7 +379,8 @@ def test_strict_mode_raises_on_bad_entry(kiln_store):
     path.write_bytes(b"nonsense")
     f.clear_cache()
     kiln.configure(strict=True)
-    with pytest.raises(kiln.StoreError, match=r"unusable.*\(KILN_STRICT=1 makes this an error; unset it to warn and recompile\)$"):
+    with pytest.raises(kiln.StoreError, match=r"unusable.*\(KILN_STRICT=1 makes this an error; "
+                       r"unset it to warn and recompile\)$"):
         f(jnp.ones(2))
 
 
@@ -496,7 +497,8 @@ def test_debug_nans_raises_floating_point_error_as_jax_jit(first):
         with jax.debug_nans(True):
             if first == "finite":
                 assert float(fn(jnp.array(1.0))) == 0.0
-            with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
+            with pytest.raises(FloatingPointError,
+                               match=r"invalid value \(nan\) encountered in log"):
                 fn(jnp.array(-1.0))
 
 

@@ -89,6 +89,21 @@ SCENARIOS = [
     Scenario("set_iteration", ()),  # C runs with another PYTHONHASHSEED
     Scenario("dict_order", (("prog.py", 'ORDER = {"a": 1.0, "b": 2.0}',
                              'ORDER = {"b": 2.0, "a": 1.0}'),)),
+    # found by a breaking session: values inside dataclasses and enums, dunder methods,
+    # descriptors, metaclasses, attributes of functions and instances, literal getattr names
+    Scenario("dataclass_function_field",
+             (("gaps.py", "return 2.0  # scale", "return 3.0  # scale"),)),
+    Scenario("static_dataclass_function_field",
+             (("gaps.py", "return 2.0  # static scale", "return 3.0  # static scale"),)),
+    Scenario("dataclass_partial_field", (("gaps.py", "return 2.0 * k", "return 3.0 * k"),)),
+    Scenario("dataclass_class_field", (("gaps.py", "K = 2.0  # act", "K = 3.0  # act"),)),
+    Scenario("enum_partial_value", (("gaps.py", "return 2.0  # enum", "return 3.0  # enum"),)),
+    Scenario("dunder_getitem", (("gaps.py", "self.vals[i] * 2", "self.vals[i] * 3"),)),
+    Scenario("descriptor_get", (("gaps.py", "return self.v * 2", "return self.v * 3"),)),
+    Scenario("metaclass_property", (("gaps.py", "return 2.0  # meta", "return 3.0  # meta"),)),
+    Scenario("function_attribute", (("gaps.py", "helper.K = 2.0", "helper.K = 3.0"),)),
+    Scenario("instance_extra_attribute", (("gaps.py", "CFG_X.extra = 2.0", "CFG_X.extra = 3.0"),)),
+    Scenario("getattr_literal", (("gaps.py", "SCALE_G = 2.0", "SCALE_G = 3.0"),)),
     # a function reached through a computed name, returning a constant (no equation of its own)
     Scenario("computed_name", (("ops.py", "return 2.0", "return 3.0"),), "manifest",
              python=(3, 12)),
@@ -112,6 +127,7 @@ import kiln
 import patch_a
 import patch_b
 import conf
+import gaps
 import lazyattr
 import ops
 from cfgs import Cfg, CfgVar
@@ -326,6 +342,50 @@ def dict_order(x):
     return x * list(ORDER.values())[0]
 
 
+def dataclass_function_field(x):
+    return x * gaps.CFG_FN.fn()
+
+
+def static_dataclass_function_field(x, cfg):
+    return x * cfg.fn()
+
+
+def dataclass_partial_field(x):
+    return x * gaps.CFG_P.fn()
+
+
+def dataclass_class_field(x):
+    return x * gaps.CFG_C.fn.K
+
+
+def enum_partial_value(x):
+    return x * gaps.Mode.A.value[1]()
+
+
+def dunder_getitem(x):
+    return x * gaps.TAB[0]
+
+
+def descriptor_get(x):
+    return x * gaps.WithConst.k
+
+
+def metaclass_property(x):
+    return x * gaps.MetaCfg.scale
+
+
+def function_attribute(x):
+    return gaps.helper(x) * gaps.helper.K
+
+
+def instance_extra_attribute(x):
+    return x * gaps.CFG_X.extra
+
+
+def getattr_literal(x):
+    return x * getattr(gaps, "SCALE_G")
+
+
 def computed_name(x):
     return x * getattr(ops, "fac" + "tor")()
 
@@ -377,6 +437,18 @@ pair("exec_cell", exec_cell, X)
 pair("numpy_global_seed", numpy_global_seed, X)
 pair("set_iteration", set_iteration, X)
 pair("dict_order", dict_order, X)
+pair("dataclass_function_field", dataclass_function_field, X)
+pair("static_dataclass_function_field", static_dataclass_function_field, X,
+     cfg=gaps.Cfg(gaps.static_scale), static=("cfg",))
+pair("dataclass_partial_field", dataclass_partial_field, X)
+pair("dataclass_class_field", dataclass_class_field, X)
+pair("enum_partial_value", enum_partial_value, X)
+pair("dunder_getitem", dunder_getitem, X)
+pair("descriptor_get", descriptor_get, X)
+pair("metaclass_property", metaclass_property, X)
+pair("function_attribute", function_attribute, X)
+pair("instance_extra_attribute", instance_extra_attribute, X)
+pair("getattr_literal", getattr_literal, X)
 pair("computed_name", computed_name, X)
 pair("control_frozenset_constant", control_frozenset_constant, X)
 pair("control_int_set", control_int_set, X)
@@ -390,11 +462,101 @@ for name, fn, args, kwargs, static in PAIRS:
 report()
 '''
 
+GAPS = '''import dataclasses
+import enum
+import functools
+
+
+@dataclasses.dataclass(frozen=True)
+class Cfg:
+    fn: object
+
+
+def scale():
+    return 2.0  # scale
+
+
+def static_scale():
+    return 2.0  # static scale
+
+
+def mul(k):
+    return 2.0 * k
+
+
+class Act:
+    K = 2.0  # act
+
+
+CFG_FN = Cfg(scale)
+CFG_P = Cfg(functools.partial(mul, k=1.0))
+CFG_C = Cfg(Act)
+
+
+def enum_c():
+    return 2.0  # enum
+
+
+class Mode(enum.Enum):
+    A = (1, functools.partial(enum_c))
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    vals: tuple
+
+    def __getitem__(self, i):
+        return self.vals[i] * 2
+
+
+TAB = Table((1.0, 2.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    v: float
+
+    def __get__(self, obj, typ=None):
+        return self.v * 2
+
+
+class WithConst:
+    k = Const(1.0)
+
+
+class Meta(type):
+    @property
+    def scale(cls):
+        return 2.0  # meta
+
+
+class MetaCfg(metaclass=Meta):
+    pass
+
+
+def helper(x):
+    return x + 1.0
+
+
+helper.K = 2.0
+
+
+@dataclasses.dataclass
+class Plain:
+    n: int = 1
+
+
+CFG_X = Plain()
+CFG_X.extra = 2.0
+SCALE_G = 2.0
+'''
+
 FILES = {
     "conf.py": "import jax\nimport jax.numpy as jnp\n\nACT = jax.nn.relu\n"
                "COMPUTE_DTYPE = jnp.float32\n",
     "lazy_a.py": "SCALE = 2.0\n",
     "ops.py": "def factor():\n    return 2.0\n",
+    "gaps.py": GAPS,
     "lazy_b.py": "SCALE = 2.0\n",
     "lazy_c.py": "SCALE = 2.0\n",
     "lazyattr.py": "def __getattr__(name):\n    if name == 'GAIN':\n        return 2.0\n"

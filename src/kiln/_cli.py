@@ -342,13 +342,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                         "reason": reason, "deleted": deleted})
     for path in _strays(store):
         deleted = False
+        kind = "a directory" if path.is_dir() else "not named like an entry key"
         if args.delete_bad:
             try:
                 store.remove_stray(path)
                 deleted = True
             except OSError as e:
                 _note(f"error: cannot remove {path}: {e}")
-        kind = "a directory" if path.is_dir() else "not named like an entry key"
         results.append({"key": str(path), "ok": False, "function": "-",
                         "reason": f"stray: {kind}", "deleted": deleted})
     bad = [r for r in results if not r["ok"]]

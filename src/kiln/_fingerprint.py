@@ -24,7 +24,9 @@ verify path (trace + lower, key by the lowered module, skip only the compile).
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import dis
+import enum
 import functools
 import importlib.metadata
 import inspect
@@ -117,12 +119,17 @@ def _module_is_user(mod: types.ModuleType) -> bool:
     return bool(f) and is_user_file(f)
 
 
-def _code_names(code: types.CodeType) -> set[str]:
+@functools.lru_cache(maxsize=8192)
+def _code_names(code: types.CodeType) -> frozenset[str]:
+    """Names ``code`` reads (globals, attributes) and identifier-like string constants
+    (``getattr(mod, "SCALE")``), nested code included."""
     names = set(code.co_names)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             names |= _code_names(c)
-    return names
+        elif type(c) is str and c.isidentifier():
+            names.add(c)
+    return frozenset(names)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -358,6 +365,8 @@ class _Walker:
         if isinstance(v, types.UnionType | types.GenericAlias) or cls.__module__ == "typing":
             self.add(f"typing:{name}", repr(v))  # an annotation: ``Event | None``
             return
+        if getattr(cls, "__kiln_digest__", None) is None and self.instance(name, v, user):
+            return
         try:
             self.add(f"value:{name}", static_digest(v, argname=name))
         except (Unpersistable, TypeError, ValueError) as e:
@@ -385,6 +394,31 @@ class _Walker:
             cls = type(v)
             self.add(f"lib-state:{name}", f"{cls.__module__}.{cls.__qualname__}="
                      + library_version(cls.__module__))
+
+    def instance(self, name: str, v: Any, user: bool) -> bool:
+        """An enum member, or a dataclass instance (user or library) or any user object with
+        plain state: what it is, and every value it holds by value (a function in a field by
+        its code, attributes set after ``__init__`` too). False for anything else."""
+        cls = type(v)
+        if isinstance(v, enum.Enum):
+            self.add(f"enum:{name}", f"{cls.__module__}.{cls.__qualname__}.{v.name}")
+            self.value(f"{name}.value", v.value)
+            return True
+        if not (user or dataclasses.is_dataclass(v)):
+            return False
+        if any(b.__module__ == "builtins" and b is not object for b in cls.__mro__):
+            return False  # a dict / list subclass: its items are not in its __dict__
+        state = getattr(v, "__dict__", None)
+        slots = [a for c in cls.__mro__ for a in getattr(c, "__slots__", ())
+                 if a not in ("__dict__", "__weakref__")]
+        if not isinstance(state, dict) and not slots:
+            return False
+        self.add(f"object:{name}", f"{cls.__module__}.{cls.__qualname__}")
+        items = sorted(state.items()) if isinstance(state, dict) else []
+        items += [(a, getattr(v, a)) for a in slots if hasattr(v, a)]
+        for attr, item in items:
+            self.value(f"{name}.{attr}", item)
+        return True
 
     def library_object(self, name: str, v: Any) -> bool:
         """An instance of a library class with no value digest: what it is (its class, by
@@ -476,19 +510,20 @@ class _Walker:
             self.add(f"lib:{mod}.{cls.__qualname__}", library_version(mod))
             return
         self.add(f"class:{mod}.{cls.__qualname__}", cls.__qualname__)
-        for base in cls.__mro__[1:]:
-            if base is not object and id(base) not in self.seen:
+        for base in (*cls.__mro__[1:], type(cls)):  # bases and the metaclass
+            if base not in (object, type) and id(base) not in self.seen:
                 self.seen.add(id(base))
                 self.klass(base)
         for attr, member in sorted(vars(cls).items()):
-            if attr.startswith("__") and attr not in ("__call__", "__init__", "__post_init__"):
-                continue
             if isinstance(member, staticmethod | classmethod):
                 member = member.__func__
             if isinstance(member, property):
-                member = member.fget
+                for accessor in (member.fget, member.fset, member.fdel):
+                    if isinstance(accessor, types.FunctionType):
+                        self.function(accessor)
+                continue
             if isinstance(member, types.FunctionType):
-                self.function(member)
+                self.function(member)  # every method, dunders too (__getitem__, __get__)
             elif not (attr.startswith("_") and attr.endswith("_")):
                 # class constants and ClassVars (``Cfg.FACTOR``, enum members, frozensets,
                 # partials, modules): by value; what has no value digest makes the walk unsound
@@ -508,6 +543,8 @@ class _Walker:
             self.library_function(fn)
             return
         qual = f"{mod}.{fn.__qualname__}"
+        for attr, item in sorted(vars(fn).items()):  # ``helper.K = 2.0`` set on the function
+            self.value(f"{qual}.{attr}", item)
         if code not in self.codes:
             self.codes.add(code)
             self.names |= _code_names(code)
@@ -581,7 +618,11 @@ class _Walker:
                 self.add(f"module:{name}", name)
                 self.modules.append(sys.modules[name])
             elif name in _BUILTINS:
-                self.value(f"builtins.{name}", _BUILTINS[name])  # a patched builtin too
+                v = _BUILTINS[name]
+                if v is _ORIGINAL_BUILTINS.get(name, _BUILTINS):
+                    self.add(f"lib:builtins.{name}", library_version("builtins"))
+                else:
+                    self.value(f"builtins.{name}", v)  # a patched builtin: by what it is now
         done: set[str] = set()
         while modules:
             mod = modules.pop(0)
@@ -597,6 +638,7 @@ class _Walker:
 
 
 _BUILTINS = vars(builtins)
+_ORIGINAL_BUILTINS = dict(_BUILTINS)  # as at import: a later assignment is a patch
 
 
 def _has_code_or_name(v: Any) -> bool:

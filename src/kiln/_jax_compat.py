@@ -13,6 +13,7 @@ import io
 import pickle
 import re
 import sys
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -96,7 +97,7 @@ def _context_text(v: Any) -> str:
         item = getattr(v, f, None)
         if isinstance(item, set | frozenset):
             item = sorted(map(repr, item))
-        elif hasattr(item, "items"):
+        elif item is not None and hasattr(item, "items"):
             item = sorted((repr(k), repr(x)) for k, x in item.items())
         parts.append(f"{f}={_ADDR.sub('', repr(item))}")
     return f"{type(v).__module__}.{type(v).__qualname__}({', '.join(parts)})"
@@ -185,6 +186,10 @@ def _singleton_id(obj: Any) -> tuple[str, str, str] | None:
     not a copy; pytree aux data holds them (equinox ``_Missing``).
     """
     t = type(obj)
+    if not isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType):
+        named = _named_global(obj)  # jax.nn.relu: a custom_jvp named in its own module
+        if named is not None:
+            return ("global", *named)
     module = getattr(t, "__module__", None)
     if module is None or module in _NOT_SINGLETON_MODULES or isinstance(obj, type):
         return None
@@ -204,7 +209,22 @@ def _singleton_id(obj: Any) -> tuple[str, str, str] | None:
 
 def _load_singleton(pid: Any) -> Any:
     _, module, name = pid
-    return getattr(importlib.import_module(module), name)
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _named_global(obj: Any) -> tuple[str, str] | None:
+    """``(module, qualname)`` when importing that name gives back ``obj`` itself."""
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    target: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None) if target is not None else None
+    return (module, qualname) if target is obj else None
 
 
 class _Pickler(pickle.Pickler):
@@ -473,8 +493,18 @@ def _fastpath_data(compiled: jax.stages.Compiled, outs: Any) -> Any:
 
 
 class _ValuePickler(cloudpickle.Pickler):
+    """cloudpickle, except that whatever its module and qualified name import back to (in this
+    process) is pickled by reference, ``__main__`` included: a class or function of the running
+    script must come back as the very object of the process that loads it (``isinstance`` of a
+    NamedTuple, an equinox Module's fields, a function leaf's identity), not a copy."""
+
     def persistent_id(self, obj: Any) -> Any:
         return _singleton_id(obj)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type | types.FunctionType) and _named_global(obj) is not None:
+            return NotImplemented  # pickle's own save_global: by module and name
+        return super().reducer_override(obj)
 
 
 class _ValueUnpickler(pickle.Unpickler):
