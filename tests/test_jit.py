@@ -475,7 +475,7 @@ def test_explain_a_changed_static_value_is_not_called_an_argument_type_change(ca
 
 # --------------------------------------------------------------------------- arguments
 def test_bad_arguments_raise_clear_errors():
-    with pytest.raises(TypeError, match="must be callable"):
+    with pytest.raises(TypeError, match="Expected a callable value, got 3"):  # jax.jit's
         kiln.jit(3)
     with pytest.raises(ValueError, match="has no parameter 'nope'"):
         kiln.jit(lambda x: x, static_argnames="nope")
@@ -546,3 +546,57 @@ def test_deleting_a_function_frees_what_it_closes_over_at_once():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def _two(x, y):
+    return x + y
+
+
+def _posonly(x, /, y):
+    return x + y
+
+
+def _gen(x):
+    yield x
+
+
+@pytest.mark.parametrize(
+    ("fun", "options"),
+    [
+        (_two, dict(static_argnums=5)),
+        (_two, dict(donate_argnums=5)),
+        (_posonly, dict(static_argnames="x")),
+        (_two, dict(static_argnums=0, donate_argnums=0)),
+        (_gen, {}),
+        (staticmethod(_two), {}),
+        (classmethod(_two), {}),
+        (3, {}),
+    ],
+    ids=["static_argnums-range", "donate_argnums-range", "posonly-argname", "static-and-donated",
+         "generator", "staticmethod", "classmethod", "not-callable"],
+)
+def test_decoration_errors_are_jax_jits(fun, options):
+    """The same exception type and text as jax.jit, raised at decoration like jax.jit."""
+    with pytest.raises(Exception) as want:
+        jax.jit(fun, **options)
+    with pytest.raises(type(want.value)) as got:
+        kiln.jit(fun, **options)
+    assert str(got.value) == str(want.value)
+
+
+def test_explicit_static_argnums_and_argnames_are_used_as_given():
+    """jax.jit(f, static_argnums=1, static_argnames=()) traces ``y`` passed by keyword."""
+    seen = []
+
+    def f(x, y):
+        seen.append(isinstance(y, jax.core.Tracer))
+        return x + y
+
+    for mk in (jax.jit, kiln.jit):
+        seen.clear()
+        g = mk(f, static_argnums=1, static_argnames=())
+        assert np.asarray(g(1.0, y=jnp.ones(2))).tolist() == [2.0, 2.0]
+        assert seen == [True]
+    seen.clear()
+    g = kiln.jit(f, static_argnums=1)  # names inferred: y static by keyword too
+    assert float(g(1.0, y=2.0)) == 3.0 and seen == [False]

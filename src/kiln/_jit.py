@@ -220,7 +220,9 @@ def check_argnames(
             )
 
 
-def _normalize_argnums(argnums: int | Iterable[int], name: str) -> tuple[int, ...]:
+def _normalize_argnums(argnums: int | Iterable[int] | None, name: str) -> tuple[int, ...]:
+    if argnums is None:
+        return ()
     if isinstance(argnums, int):
         return (argnums,)
     try:
@@ -232,7 +234,9 @@ def _normalize_argnums(argnums: int | Iterable[int], name: str) -> tuple[int, ..
     return out
 
 
-def _normalize_argnames(argnames: str | Iterable[str], name: str) -> tuple[str, ...]:
+def _normalize_argnames(argnames: str | Iterable[str] | None, name: str) -> tuple[str, ...]:
+    if argnames is None:
+        return ()
     if isinstance(argnames, str):
         return (argnames,)
     out = tuple(argnames)
@@ -252,14 +256,13 @@ class JitFunction:
         self,
         fun: Callable[..., Any],
         *,
-        static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (),
-        donate_argnums: int | Sequence[int] = (),
-        donate_argnames: str | Sequence[str] = (),
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None,
     ) -> None:
-        if not callable(fun):
-            raise TypeError(f"kiln.jit: fun must be callable, got {type(fun).__name__} {fun!r}")
-        functools.update_wrapper(self, fun)
+        if callable(fun):
+            functools.update_wrapper(self, fun)
         self._fun = fun
         nums = _normalize_argnums(static_argnums, "static_argnums")
         names = _normalize_argnames(static_argnames, "static_argnames")
@@ -275,20 +278,28 @@ class JitFunction:
         ]
         check_argnames(fun, params, [("static_argnames", n) for n in names]
                        + [("donate_argnames", n) for n in dnames])
+        # jax.jit's own checks, with its errors at its time (decoration): out-of-range
+        # argnums, positional-only static_argnames, static and donated at once, generator
+        # functions, staticmethod objects, non-callables (an unknown argname was named above
+        # with the function's parameters and the closest one)
+        jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
+                donate_argnums=donate_argnums, donate_argnames=donate_argnames)
         self._positional = positional
-        # Like jax.jit: a static parameter is static whether passed by position or by name.
-        self._static_argnums = frozenset(
-            set(nums) | {positional.index(n) for n in names if n in positional}
-        )
-        self._static_argnames = frozenset(
-            set(names) | {positional[i] for i in nums if 0 <= i < len(positional)}
-        )
-        self._donate_argnums = frozenset(dnums) | frozenset(
-            positional.index(n) for n in dnames if n in positional
-        )
-        self._donate_argnames = tuple(
-            set(dnames) | {positional[i] for i in dnums if 0 <= i < len(positional)}
-        )
+        # Like jax.jit (api_util.infer_argnums_and_argnames): when only one of argnums /
+        # argnames is given, the other is inferred, so a parameter is static whether passed by
+        # position or by name; when both are given, each is used as given.
+        if static_argnums is None:
+            nums = tuple(positional.index(n) for n in names if n in positional)
+        if static_argnames is None:
+            names = tuple(positional[i] for i in nums if 0 <= i < len(positional))
+        if donate_argnums is None:
+            dnums = tuple(positional.index(n) for n in dnames if n in positional)
+        if donate_argnames is None:
+            dnames = tuple(positional[i] for i in dnums if 0 <= i < len(positional))
+        self._static_argnums = frozenset(nums)
+        self._static_argnames = frozenset(names)
+        self._donate_argnums = frozenset(dnums)
+        self._donate_argnames = tuple(dnames)
         self._table: dict[Any, Any] = {}
         self._seen: list[Any] = []
         self._inline: dict[Any, Callable[..., Any]] = {}
@@ -1200,10 +1211,10 @@ class _Miss:
 def jit(
     fun: F,
     *,
-    static_argnums: int | Sequence[int] = (),
-    static_argnames: str | Sequence[str] = (),
-    donate_argnums: int | Sequence[int] = (),
-    donate_argnames: str | Sequence[str] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
 ) -> JitFunction: ...
 
 
@@ -1211,20 +1222,20 @@ def jit(
 def jit(
     fun: None = None,
     *,
-    static_argnums: int | Sequence[int] = (),
-    static_argnames: str | Sequence[str] = (),
-    donate_argnums: int | Sequence[int] = (),
-    donate_argnames: str | Sequence[str] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
 ) -> Callable[[F], JitFunction]: ...
 
 
 def jit(
     fun: Callable[..., Any] | None = None,
     *,
-    static_argnums: int | Sequence[int] = (),
-    static_argnames: str | Sequence[str] = (),
-    donate_argnums: int | Sequence[int] = (),
-    donate_argnames: str | Sequence[str] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
 ) -> Any:
     """Compile ``fun`` with XLA like ``jax.jit``, and keep the executable in a store.
 
