@@ -271,6 +271,20 @@ class _Walker:
     def add(self, name: str, digest: str) -> None:
         self.parts.append((name, digest))
 
+    def sound_digest(self) -> str:
+        """Finish the walk; the digest of all parts (manifest items).
+
+        Raises:
+            Unpersistable: some part has no canonical digest.
+        """
+        self.finish()
+        if self.reason is not None:
+            raise Unpersistable(self.reason)
+        h = xxhash.xxh3_128()
+        for name, d in self.parts:
+            h.update(f"{name}\0{d}\n".encode())
+        return h.hexdigest()
+
     def unsound(self, what: str) -> None:
         if self.reason is None:
             self.reason = what
@@ -902,13 +916,7 @@ def _shallow_digest(fn: types.FunctionType) -> str:
     """
     w = _Walker()
     w.function(fn)
-    w.finish()
-    if w.reason is not None:
-        raise Unpersistable(w.reason)
-    h = xxhash.xxh3_128()
-    for name, d in w.parts:
-        h.update(f"{name}\0{d}\n".encode())
-    return h.hexdigest()
+    return w.sound_digest()
 
 
 def manifest_for(
@@ -994,13 +1002,7 @@ def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
     for attr in attrs:
         found, v = _module_attr(mod, attr, True)
         w.value(f"{mod.__name__}.{attr}", v if found else "<missing>")
-    w.finish()
-    if w.reason is not None:
-        raise Unpersistable(w.reason)
-    h = xxhash.xxh3_128()
-    for name, d in w.parts:
-        h.update(f"{name}\0{d}\n".encode())
-    return h.hexdigest()
+    return w.sound_digest()
 
 
 
