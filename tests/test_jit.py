@@ -600,3 +600,35 @@ def test_explicit_static_argnums_and_argnames_are_used_as_given():
     seen.clear()
     g = kiln.jit(f, static_argnums=1)  # names inferred: y static by keyword too
     assert float(g(1.0, y=2.0)) == 3.0 and seen == [False]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(keep_unused=True), dict(inline=True),
+     dict(compiler_options={"xla_cpu_enable_fast_math": False})],
+    ids=["keep_unused", "inline", "compiler_options"],
+)
+def test_jax_jit_options_are_accepted_and_part_of_the_key(options):
+    def f(x, unused):
+        return jnp.sin(x) * 2
+
+    x = jnp.arange(3.0)
+    want = jax.jit(f, **options)(x, 1.0)
+    plain = kiln.jit(f)
+    assert np.asarray(plain(x, 1.0)).tolist() == np.asarray(want).tolist()
+    with_options = kiln.jit(f, **options)
+    assert np.asarray(with_options(x, 1.0)).tolist() == np.asarray(want).tolist()
+    assert (kiln.stats().misses, kiln.stats().stores_written) == (2, 2)  # two entries
+    again = kiln.jit(f, **options)  # a new function object: from the store
+    assert np.asarray(again(x, 1.0)).tolist() == np.asarray(want).tolist()
+    assert (kiln.stats().hits, kiln.stats().compiles) == (1, 2)
+
+
+def test_device_and_backend_as_jax_jit():
+    """Deprecated in jax (a DeprecationWarning, as jax.jit gives), accepted and keyed."""
+    x = jnp.arange(3.0)
+    for options in (dict(device=jax.devices()[0]), dict(backend="cpu")):
+        with pytest.warns(DeprecationWarning, match="backend and device argument on jit"):
+            f = kiln.jit(lambda x: x + 1, **options)
+        assert np.asarray(f(x)).tolist() == [1.0, 2.0, 3.0]
+    assert kiln.stats().misses == 2

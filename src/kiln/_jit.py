@@ -105,6 +105,16 @@ def _is_jax_value(x: Any) -> bool:
         return False
 
 
+def _jit_option_text(v: Any) -> str:
+    """Canonical text of a jax.jit option for the key: a device by platform, kind and id; a
+    dict by sorted items."""
+    if isinstance(v, dict):
+        return repr(sorted((str(k), repr(x)) for k, x in v.items()))
+    if hasattr(v, "platform") and hasattr(v, "id"):
+        return f"{v.platform}:{getattr(v, 'device_kind', '?')}:{v.id}"
+    return repr(v)
+
+
 def _weak_python_call(jf: JitFunction) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
     """``jf._python_call`` through a weak reference: the dispatcher lives on ``jf``, and a
     bound method would make a cycle that keeps ``jf`` and what its function closes over alive
@@ -260,6 +270,11 @@ class JitFunction:
         static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None,
         donate_argnames: str | Sequence[str] | None = None,
+        keep_unused: bool = False,
+        device: Any = None,
+        backend: str | None = None,
+        inline: bool = False,
+        compiler_options: dict[str, Any] | None = None,
     ) -> None:
         if callable(fun):
             functools.update_wrapper(self, fun)
@@ -282,8 +297,15 @@ class JitFunction:
         # argnums, positional-only static_argnames, static and donated at once, generator
         # functions, staticmethod objects, non-callables (an unknown argname was named above
         # with the function's parameters and the closest one)
+        # jax.jit options passed on to every jax.jit kiln makes of fun (and named in the key)
+        self._jit_options: dict[str, Any] = {
+            k: v for k, v in (("keep_unused", keep_unused), ("device", device),
+                              ("backend", backend), ("inline", inline),
+                              ("compiler_options", compiler_options)) if v
+        }
         jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
-                donate_argnums=donate_argnums, donate_argnames=donate_argnames)
+                donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                **self._jit_options)
         self._positional = positional
         # Like jax.jit (api_util.infer_argnums_and_argnames): when only one of argnums /
         # argnames is given, the other is inferred, so a parameter is static whether passed by
@@ -431,7 +453,7 @@ class JitFunction:
 
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
-        return jax.jit(inner, donate_argnums=donate, donate_argnames=dnames or None)
+        return self._inner_jit(inner, donate_argnums=donate, donate_argnames=dnames or None)
 
     def _flat_jitted(
         self,
@@ -476,7 +498,14 @@ class JitFunction:
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
         donate = self._donated_leaves(statics, n_dyn, treedef, static_leaves)
-        return direct, jax.jit(inner, donate_argnums=donate), box
+        return direct, self._inner_jit(inner, donate_argnums=donate), box
+
+    def _inner_jit(self, inner: Callable[..., Any], **kwargs: Any) -> Any:
+        """``jax.jit`` of one of kiln's wrappers of fun, with the user's jax.jit options (jax
+        warned about a deprecated ``device`` / ``backend`` once, at decoration)."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "backend and device argument", DeprecationWarning)
+            return jax.jit(inner, **kwargs, **self._jit_options)
 
     def _donated_leaves(
         self,
@@ -832,6 +861,7 @@ class _Miss:
             ("function", f"{jf._module}.{jf._name}"),
             ("signature", f"{structure} :: {avals_text}"),
             *static_parts,
+            *[(f"jit:{k}", _jit_option_text(v)) for k, v in sorted(jf._jit_options.items())],
         ]
         self.fp_parts = [("fingerprint", self.fp.digest)]
         self.memory_reason: tuple[str, str] | None = None
@@ -1215,6 +1245,11 @@ def jit(
     static_argnames: str | Sequence[str] | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
+    keep_unused: bool = False,
+    device: Any = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> JitFunction: ...
 
 
@@ -1226,6 +1261,11 @@ def jit(
     static_argnames: str | Sequence[str] | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
+    keep_unused: bool = False,
+    device: Any = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> Callable[[F], JitFunction]: ...
 
 
@@ -1236,6 +1276,11 @@ def jit(
     static_argnames: str | Sequence[str] | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
+    keep_unused: bool = False,
+    device: Any = None,
+    backend: str | None = None,
+    inline: bool = False,
+    compiler_options: dict[str, Any] | None = None,
 ) -> Any:
     """Compile ``fun`` with XLA like ``jax.jit``, and keep the executable in a store.
 
@@ -1257,6 +1302,10 @@ def jit(
         static_argnames: names of static arguments (the same rules).
         donate_argnums: positions of arguments whose buffers the executable may reuse.
         donate_argnames: names of such arguments.
+        keep_unused, device, backend, inline, compiler_options: as ``jax.jit`` (jax 0.10 to
+            0.12): passed to every ``jax.jit`` kiln makes of ``fun``, and part of the key.
+            ``in_shardings`` / ``out_shardings`` are not supported yet (place the inputs with
+            ``jax.device_put``; outputs keep the inputs' shardings).
 
     Returns:
         A :class:`JitFunction` (or, with ``fun=None``, a decorator making one).
@@ -1285,6 +1334,11 @@ def jit(
             static_argnames=static_argnames,
             donate_argnums=donate_argnums,
             donate_argnames=donate_argnames,
+            keep_unused=keep_unused,
+            device=device,
+            backend=backend,
+            inline=inline,
+            compiler_options=compiler_options,
         )
 
     return make if fun is None else make(fun)
