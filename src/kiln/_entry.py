@@ -102,7 +102,10 @@ def decode(blob: bytes, *, signing_key: str | None) -> Entry:
             else "entry is not signed but a signing_key is configured"
         )
     if not hmac.compare_digest(_digest(view[:end], signing_key), bytes(view[end:])):
-        raise EntryError("entry digest mismatch (corrupt or tampered)")
+        raise EntryError(
+            "entry digest mismatch (corrupt or tampered"
+            + (", or signed with another key)" if signing_key else ")")
+        )
     try:
         header = json.loads(bytes(view[_PREFIX.size : _PREFIX.size + hlen]))
         payload = view[_PREFIX.size + hlen : end]
