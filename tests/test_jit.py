@@ -619,7 +619,8 @@ def test_jax_jit_options_are_accepted_and_part_of_the_key(options):
     with_options = kiln.jit(f, **options)
     assert np.asarray(with_options(x, 1.0)).tolist() == np.asarray(want).tolist()
     assert (kiln.stats().misses, kiln.stats().stores_written) == (2, 2)  # two entries
-    again = kiln.jit(f, **options)  # a new function object: from the store
+    with_options.clear_cache()  # this process forgets: the next call reads the store
+    again = kiln.jit(f, **options)
     assert np.asarray(again(x, 1.0)).tolist() == np.asarray(want).tolist()
     assert (kiln.stats().hits, kiln.stats().compiles) == (1, 2)
 
@@ -631,4 +632,24 @@ def test_device_and_backend_as_jax_jit():
         with pytest.warns(DeprecationWarning, match="backend and device argument on jit"):
             f = kiln.jit(lambda x: x + 1, **options)
         assert np.asarray(f(x)).tolist() == [1.0, 2.0, 3.0]
+    assert kiln.stats().misses == 2
+
+
+def test_jit_made_again_around_the_same_function_reuses_its_executables():
+    """As jax.jit (whose caches hang off the function): no retrace, no store read."""
+    traces = []
+
+    def f(x):
+        traces.append(1)
+        return x * 3
+
+    x = jnp.arange(3.0)
+    for _ in range(3):
+        assert np.asarray(kiln.jit(f)(x)).tolist() == [0.0, 3.0, 6.0]
+    assert len(traces) == 1  # no hit to audit either: the store is never read again
+    assert (kiln.stats().misses, kiln.stats().hits, kiln.stats().compiles) == (1, 0, 1)
+    g = kiln.jit(f, static_argnums=())  # other options, same meaning: shares too
+    g(x)
+    h = kiln.jit(f, donate_argnums=0)  # other options: its own executables
+    h(jnp.arange(3.0))
     assert kiln.stats().misses == 2

@@ -105,6 +105,24 @@ def _is_jax_value(x: Any) -> bool:
         return False
 
 
+_shared: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
+_shared_lock = threading.Lock()
+
+
+def _shared_state(fun: Any, options: Any) -> tuple[dict[Any, Any], list[Any], threading.RLock]:
+    """(in-process table, signatures seen, lock) for ``fun`` with ``options``: one per
+    function object and options while the function lives; private when ``fun`` cannot be
+    weakly referenced or hashed (a bound method is a new object on every access)."""
+    fresh: tuple[dict[Any, Any], list[Any], threading.RLock] = ({}, [], threading.RLock())
+    if isinstance(fun, types.MethodType):
+        return fresh
+    try:
+        with _shared_lock:
+            return _shared.setdefault(fun, {}).setdefault(options, fresh)  # type: ignore[no-any-return]
+    except TypeError:  # not hashable, or no weak references
+        return fresh
+
+
 def _jit_option_text(v: Any) -> str:
     """Canonical text of a jax.jit option for the key: a device by platform, kind and id; a
     dict by sorted items."""
@@ -322,14 +340,18 @@ class JitFunction:
         self._static_argnames = frozenset(names)
         self._donate_argnums = frozenset(dnums)
         self._donate_argnames = tuple(dnames)
-        self._table: dict[Any, Any] = {}
-        self._seen: list[Any] = []
+        # Like jax.jit, whose caches hang off the function: kiln.jit(f) made again around the
+        # same function object with the same options shares the executables of this process
+        # (no retrace, no store read). Held while f lives.
+        self._table, self._seen, self._lock = _shared_state(fun, (
+            self._static_argnums, self._static_argnames, self._donate_argnums,
+            self._donate_argnames, repr(sorted(self._jit_options.items())),
+        ))
         self._inline: dict[Any, Callable[..., Any]] = {}
         self._hot_calls = 0
         self._tier_up = True  # False for kiln.noinline's own executables
         self._has_statics = bool(self._static_argnums or self._static_argnames)
         _instances.add(self)
-        self._lock = threading.RLock()
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
         self._dispatch = (
