@@ -133,32 +133,20 @@ def _jit_option_text(v: Any) -> str:
     return repr(v)
 
 
-def _weak_python_call(jf: JitFunction) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    """``jf._python_call`` through a weak reference: the dispatcher lives on ``jf``, and a
-    bound method would make a cycle that keeps ``jf`` and what its function closes over alive
-    until the garbage collector runs (``jax.jit`` frees them at ``del``)."""
+def _weakly(jf: JitFunction, method: str) -> Callable[..., Any]:
+    """``getattr(jf, method)`` called through a weak reference to ``jf``. The dispatcher lives
+    on ``jf`` (its ``_python_call`` for misses, its ``_fun`` for jax's NaN-check re-run): a bound
+    method would make a cycle that keeps ``jf`` and what its function closes over alive until
+    the garbage collector runs (``jax.jit`` frees them at ``del``)."""
     ref = weakref.ref(jf)
 
-    def python_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         target = ref()
         if target is None:  # pragma: no cover - the dispatcher outlived its function
             raise RuntimeError("this kiln.jit function was garbage collected")
-        return target._python_call(args, kwargs)
+        return getattr(target, method)(*args, **kwargs)
 
-    return python_call
-
-
-def _weak_fun(jf: JitFunction) -> Callable[..., Any]:
-    """``jf``'s function, reached through a weak reference (for jax's NaN check re-run)."""
-    ref = weakref.ref(jf)
-
-    def fun(*args: Any, **kwargs: Any) -> Any:
-        target = ref()
-        if target is None:  # pragma: no cover
-            raise RuntimeError("this kiln.jit function was garbage collected")
-        return target._fun(*args, **kwargs)
-
-    return fun
+    return call
 
 
 def _is_static_output(x: Any, depth: int = 4) -> bool:
@@ -356,7 +344,8 @@ class JitFunction:
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
         self._dispatch = (
             None if self._has_statics
-            else _jax_compat.make_dispatcher(self._name, _weak_python_call(self), _weak_fun(self))
+            else _jax_compat.make_dispatcher(self._name, _weakly(self, "_python_call"),
+                                         _weakly(self, "_fun"))
         )
         if self._dispatch is not None:
             # Python looks __call__ up on the type: in a class of its own whose __call__ is the
