@@ -53,3 +53,61 @@ def test_sharded_and_committed_inputs_and_prng_keys_round_trip(tmp_path):
     # plain, sharded, device 1 and the PRNG-key function are four executables
     assert (cold["misses"], cold["hits"]) == (4, 0)
     assert (warm["misses"], warm["hits"], warm["traces"]) == (0, 4, 0)
+
+
+SHARDED = r'''
+import json, os
+import jax, jax.numpy as jnp, kiln
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((4, 2), ("i", "j"))
+row, rep = NamedSharding(mesh, P("i")), NamedSharding(mesh, P())
+out_y = {"row": row, "col": NamedSharding(mesh, P("j"))}[os.environ["OUT_Y"]]
+
+
+def body(x, tree):
+    return (x * 2 + tree["b"]).sum(), x + tree["a"]
+
+
+def describe(outs):
+    return [[o.tolist(), str(o.sharding.spec), sorted(d.id for d in o.sharding.device_set)]
+            for o in outs]
+
+
+out = {}
+for name, jit in (("jax", jax.jit), ("kiln", kiln.jit)):
+    f = jit(body, in_shardings=(row, {"a": row, "b": rep}), out_shardings=(rep, out_y))
+    out[name] = describe(f(jnp.arange(8.0), {"a": jnp.ones(8), "b": jnp.ones(8)}))
+    try:
+        f(jnp.arange(8.0), tree={"a": jnp.ones(8), "b": jnp.ones(8)})
+    except ValueError as e:
+        out[name + "_kwargs_error"] = str(e)
+s = kiln.stats()
+out["hits"], out["misses"], out["traces"] = s.hits, s.misses, s.traces
+print(json.dumps(out))
+'''
+
+
+def _run_sharded(tmp_path, out_y):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env |= {"XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "KILN_CACHE_DIR": str(tmp_path / "cache"), "OUT_Y": out_y}
+    proc = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_in_and_out_shardings_as_jax_jit_cold_warm_and_keyed(tmp_path):
+    cold, warm, col = (_run_sharded(tmp_path, "row"), _run_sharded(tmp_path, "row"),
+                       _run_sharded(tmp_path, "col"))
+    for run in (cold, warm, col):
+        assert run["kiln"] == run["jax"]  # values, output specs, devices
+        assert run["kiln_kwargs_error"] == run["jax_kwargs_error"]
+    assert cold["kiln"][1][1] == "P('i',)" and len(cold["kiln"][1][2]) == 8
+    assert col["kiln"][1][1] == "P('j',)"
+    assert (cold["misses"], cold["hits"]) == (1, 0)
+    assert (warm["misses"], warm["hits"], warm["traces"]) == (0, 1, 0)
+    # another out_shardings is another executable, never the stored one
+    assert (col["misses"], col["hits"]) == (1, 0)

@@ -97,7 +97,7 @@ def test_same_results_as_jax_jit_for_pytrees_and_kwargs():
 def test_equinox_module_argument_and_output():
     mlp = eqx.nn.MLP(2, 2, 8, 2, key=jax.random.PRNGKey(0))
 
-    @kiln.jit
+    @kiln.filter_jit
     def apply_and_update(model, x):
         new = eqx.tree_at(lambda m: m.layers[0].bias, model, model.layers[0].bias + 1)
         return model(x), new

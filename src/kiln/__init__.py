@@ -16,15 +16,19 @@ from ._explain import Stats as Stats
 from ._explain import reset_stats as reset_stats
 from ._explain import stats as stats
 from ._jit import JitFunction as JitFunction
+from ._jit import filter_jit as filter_jit
 from ._jit import jit as jit
 from ._noinline import DynamicNoinline as DynamicNoinline
 from ._noinline import NoinlineFunction as NoinlineFunction
 from ._noinline import noinline as noinline
+from ._stages import Compiled as Compiled
+from ._stages import Lowered as Lowered
 from ._tier_up import wait_for_tier_up as wait_for_tier_up
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Compiled",
     "Config",
     "ConfigError",
     "DynamicNoinline",
@@ -32,6 +36,7 @@ __all__ = [
     "JitFunction",
     "KilnError",
     "KilnWarning",
+    "Lowered",
     "NoinlineFunction",
     "StaticArgumentError",
     "Stats",
@@ -40,6 +45,7 @@ __all__ = [
     "VerifyError",
     "config_context",
     "configure",
+    "filter_jit",
     "get_config",
     "jit",
     "noinline",

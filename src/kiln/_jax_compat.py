@@ -579,3 +579,21 @@ def raise_floating_point_error(e: Exception, fun: Any, args: Any, kwargs: Any) -
     raise FloatingPointError(
         f"invalid value ({getattr(e, 'ty', 'nan')}) encountered in {getattr(e, 'name', fun)}"
     ) from None
+
+
+class _Slot:
+    """A placeholder leaf (``broadcast_prefix`` needs a tree, kiln has a treedef)."""
+
+
+def broadcast_prefix(prefix: Any, treedef: Any) -> list[Any]:
+    """jax.jit's rule for ``in_shardings``: ``prefix`` (a pytree prefix; None leaves are
+    kept, meaning "unspecified") broadcast to one entry per leaf of ``treedef``.
+    ``jax._src.tree_util.broadcast_prefix`` (0.10 to 0.12)."""
+    full = treedef.unflatten([_Slot()] * treedef.num_leaves)
+    return list(_tree_util.broadcast_prefix(prefix, full, is_leaf=lambda x: x is None))
+
+
+def pytree_differences(got: Any, want: Any) -> list[Any]:
+    """(path, got, want, explanation) per difference of two treedefs, as jax's AOT error
+    lists them (``jax._src.tree_util.equality_errors_pytreedef``, 0.10 to 0.12)."""
+    return list(_tree_util.equality_errors_pytreedef(got, want))

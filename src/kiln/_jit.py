@@ -36,13 +36,13 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 import jax
 import numpy as np
 
-from . import _explain, _jax_compat, _noinline, _tier_up
+from . import _explain, _jax_compat, _noinline, _stages, _tier_up
 from ._config import Config, get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StaticArgumentError, StoreError, StoreWarning, VerifyError
@@ -52,7 +52,7 @@ from ._key import environment_parts, make_key
 from ._progress import compiling
 from .stores import Store, open_store
 
-__all__ = ["jit", "JitFunction"]
+__all__ = ["jit", "filter_jit", "JitFunction"]
 
 logger = logging.getLogger("kiln")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,6 +70,12 @@ def hot_calls() -> int:
     return sum(f._hot_calls for f in list(_instances))
 _SCALARS = (int, float, bool, complex)
 _VERIFY_ONLY = object()
+_PLAIN = object()  # _prepare: hand the call to the plain jax.jit (jax's own errors)
+
+
+class _Box(dict[Any, Any]):
+    """Non-array outputs of a flat jax.jit (kiln.filter_jit), per traced signature
+    (``_abstract_sig`` of its array leaves): ``(out_tree, {leaf index: value})``."""
 _STATIC_LEAF = "<static leaf>"
 
 
@@ -91,6 +97,36 @@ def _leaf_sig(x: Any) -> Any:
     if not hasattr(aval, "weak_type"):
         return None  # a token (jax.lax.create_token): run as a plain nested jax.jit
     return aval
+
+
+def _filter_leaf_sig(x: Any) -> Any:
+    """``kiln.filter_jit``'s signature of one leaf (equinox's contract): JAX and numpy arrays
+    are traced (their aval), a tracer gives None, everything else (Python scalars too) is
+    _STATIC_LEAF."""
+    t = type(x)
+    if t is _ArrayImpl:
+        return (x.aval, x.sharding) if _MULTI_DEVICE else x.aval
+    if _jax_compat.is_tracer(x):
+        return None
+    if isinstance(x, _SIG_TYPES):  # (precompile takes structs)
+        return jax.typeof(x)
+    return _STATIC_LEAF
+
+
+# equinox.is_array: what filter_jit traces; every other leaf is static
+_ARRAY_TYPES = (np.ndarray, np.generic, jax.Array)
+_SIG_TYPES = (*_ARRAY_TYPES, jax.ShapeDtypeStruct)  # (precompile takes structs)
+
+
+def _abstract_sig(leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """(shape, dtype, weak_type) per traced leaf: which trace a function's non-array outputs
+    came from (one flat jax.jit serves every signature of a static configuration)."""
+    out = []
+    for x in leaves:
+        a = jax.typeof(x)  # a Python scalar as jax traces it (weakly typed)
+        out.append((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", a)),
+                    bool(getattr(a, "weak_type", False))))
+    return tuple(out)
 
 
 def _is_jax_value(x: Any) -> bool:
@@ -131,6 +167,20 @@ def _jit_option_text(v: Any) -> str:
     if hasattr(v, "platform") and hasattr(v, "id"):
         return f"{v.platform}:{getattr(v, 'device_kind', '?')}:{v.id}"
     return repr(v)
+
+
+def _option_text(v: Any) -> str | None:
+    """Canonical text of ``in_shardings`` / ``out_shardings`` (a pytree of shardings): each
+    sharding by mesh, devices and partition spec (``_jax_compat.sharding_text``)."""
+    if v is None:
+        return None
+    leaves, tree = jax.tree_util.tree_flatten(v, is_leaf=lambda x: x is None)
+    texts = [
+        "None" if x is None else
+        _jax_compat.sharding_text(x) if isinstance(x, jax.sharding.Sharding) else repr(x)
+        for x in leaves
+    ]
+    return f"{tree}:{texts}"
 
 
 def _weakly(jf: JitFunction, method: str) -> Callable[..., Any]:
@@ -281,10 +331,16 @@ class JitFunction:
         backend: str | None = None,
         inline: bool = False,
         compiler_options: dict[str, Any] | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+        _filter: str | None = None,
     ) -> None:
         if callable(fun):
             functools.update_wrapper(self, fun)
         self._fun = fun
+        # kiln.filter_jit (equinox's contract): its donate mode; None for kiln.jit
+        self._filter = _filter
+        self._filter_warning = _filter in ("all", "all-except-first")
         nums = _normalize_argnums(static_argnums, "static_argnums")
         names = _normalize_argnames(static_argnames, "static_argnames")
         dnums = _normalize_argnums(donate_argnums, "donate_argnums")
@@ -309,9 +365,20 @@ class JitFunction:
                               ("backend", backend), ("inline", inline),
                               ("compiler_options", compiler_options)) if v
         }
-        jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
-                donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-                **self._jit_options)
+        # in_shardings / out_shardings: jax.jit's, applied by kiln per array leaf
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        shardings = {k: v for k, v in (("in_shardings", in_shardings),
+                                       ("out_shardings", out_shardings)) if v is not None}
+        # the plain jax.jit of fun: jax's errors for arguments kiln.jit does not take (a
+        # string, a function), with jax's text and argument paths
+        self._plain = jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
+                              donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+                              **shardings, **self._jit_options)
+        try:
+            self._signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):
+            self._signature = None
         self._positional = positional
         # Like jax.jit (api_util.infer_argnums_and_argnames): when only one of argnums /
         # argnames is given, the other is inferred, so a parameter is static whether passed by
@@ -333,9 +400,12 @@ class JitFunction:
         # (no retrace, no store read). Held while f lives.
         self._table, self._seen, self._lock = _shared_state(fun, (
             self._static_argnums, self._static_argnames, self._donate_argnums,
-            self._donate_argnames, repr(sorted(self._jit_options.items())),
+            self._donate_argnames, repr(sorted(self._jit_options.items())), _filter,
+            _option_text(in_shardings), _option_text(out_shardings),
         ))
-        self._inline: dict[Any, Callable[..., Any]] = {}
+        # flat jax.jit of fun per static configuration, for top-level misses and nested calls
+        # alike (so a function called both ways traces once per signature, as jax.jit does)
+        self._flat: dict[Any, tuple[Any, Any, _Box]] = {}
         self._hot_calls = 0
         self._tier_up = True  # False for kiln.noinline's own executables
         self._has_statics = bool(self._static_argnums or self._static_argnames)
@@ -363,10 +433,13 @@ class JitFunction:
         # A class is always in a reference cycle (its __mro__ holds it), so the class of its
         # own (above) lives until the garbage collector runs: let go of the dispatcher and
         # its compiled executables now, as jax.jit does when its function is deleted.
-        cls = type(self)
-        if cls is not JitFunction and "__call__" in vars(cls):
-            with contextlib.suppress(Exception):
+        # (no module globals here: at interpreter exit they may already be None)
+        try:
+            cls = type(self)
+            if "__call__" in cls.__dict__ and len(cls.__mro__) > 2:
                 delattr(cls, "__call__")
+        except Exception:  # noqa: BLE001, S110 - nothing to free, or too late to
+            pass
 
     # -- descriptor protocol: @kiln.jit on a method ---------------------------------------
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -375,7 +448,8 @@ class JitFunction:
         return functools.partial(self, instance)
 
     def __repr__(self) -> str:
-        return f"<kiln.jit {self._module}.{self._name}>"
+        kind = "kiln.jit" if self._filter is None else "kiln.filter_jit"
+        return f"<{kind} {self._module}.{self._name}>"
 
     def __reduce__(self) -> str:
         # pickled by reference, as functions and jax.jit's are: a module-level kiln.jit
@@ -472,15 +546,25 @@ class JitFunction:
         n_dyn: int,
         treedef: Any,
         static_leaves: dict[int, Any],
-    ) -> Any:
-        """``jax.jit`` of ``inner(*array_leaves)``: kiln's calling convention for executables.
+        static_key: tuple[Any, ...],
+    ) -> tuple[Callable[..., Any], Any, _Box]:
+        """(direct, jitted, box): ``jax.jit`` of ``inner(*array_leaves)``, kiln's calling
+        convention for executables, one per static configuration (top-level misses and
+        nested calls share it, so jax's trace cache serves both).
 
-        Leaves that are not JAX types (functions, strings, ... inside an equinox Module) are
-        static and bound here, as ``equinox.filter_jit`` does.
+        ``static_leaves`` (kiln.filter_jit: leaves that are not arrays, such as an equinox
+        Module's functions and ints) are bound here, as ``equinox.filter_jit`` does; so are
+        its non-array outputs, recorded in ``box`` per traced signature.
         """
+        cache_key = (static_key, n_dyn, treedef)
+        got = self._flat.get(cache_key)
+        if got is not None:
+            return got
         merge = self._merge(statics, n_dyn)
         n_leaves = treedef.num_leaves
-        box: dict[str, Any] = {}
+        box = _Box()
+        filtering = self._filter is not None
+        name = self._name  # (inner must not hold self: the cycle would outlive a del)
 
         def direct(*dyn_leaves: Any) -> Any:
             it = iter(dyn_leaves)
@@ -490,26 +574,65 @@ class JitFunction:
 
         def inner(*dyn_leaves: Any) -> Any:
             out = direct(*dyn_leaves)
+            if not filtering:
+                return out  # jax.jit's contract: jax itself refuses a non-JAX output
             out_leaves, out_tree = _tree_flatten(out)
-            static_out = {i: x for i, x in enumerate(out_leaves) if not _is_jax_value(x)}
+            static_out = {i: x for i, x in enumerate(out_leaves) if not isinstance(x, _ARRAY_TYPES)}
             if not static_out:
+                box.pop(_abstract_sig(dyn_leaves), None)
                 return out
             for x in static_out.values():
                 if not _is_static_output(x):
                     # jax.jit's error: a traced value escaping in a Python object, a generator
                     raise TypeError(
-                        f"function {self._name} traced for jit returned a value of type "
+                        f"function {name} traced for jit returned a value of type "
                         f"{type(x)}, which is not a valid JAX type"
                     )
-            # outputs that are not JAX types (an equinox Module's functions, strings) are
+            # outputs that are not arrays (an equinox Module's functions, ints, strings) are
             # returned outside the executable, as equinox.filter_jit does
-            box["static_out"] = (out_tree, static_out)
+            box[_abstract_sig(dyn_leaves)] = (out_tree, static_out)
             return [x for i, x in enumerate(out_leaves) if i not in static_out]
 
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
         donate = self._donated_leaves(statics, n_dyn, treedef, static_leaves)
-        return direct, self._inner_jit(inner, donate_argnums=donate), box
+        shardings = self._flat_shardings(statics, n_dyn, treedef, static_leaves)
+        got = self._flat[cache_key] = (
+            direct, self._inner_jit(inner, donate_argnums=donate, **shardings), box
+        )
+        return got
+
+    def _in_shardings_fit(self, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> bool:
+        """in_shardings applies: no dynamic keyword arguments, and one entry per dynamic
+        positional argument (else jax.jit's own error is raised)."""
+        spec = self._in_shardings
+        if dyn_kwargs:
+            return False
+        return not isinstance(spec, tuple | list) or len(spec) == len(dyn_args)
+
+    def _flat_shardings(
+        self,
+        statics: tuple[tuple[Any, Any], ...],
+        n_dyn: int,
+        treedef: Any,
+        static_leaves: dict[int, Any],
+    ) -> dict[str, Any]:
+        """``in_shardings`` per array leaf (jax.jit's is a prefix of the dynamic positional
+        arguments) and ``out_shardings`` as given."""
+        out: dict[str, Any] = {}
+        if self._out_shardings is not None:
+            out["out_shardings"] = self._out_shardings
+        if self._in_shardings is None:
+            return out
+        kids = treedef.children()[0].children()  # (checked by _in_shardings_fit)
+        spec = self._in_shardings
+        if not isinstance(spec, tuple | list):
+            spec = (spec,) * len(kids)
+        per_leaf: list[Any] = []
+        for prefix, child in zip(spec, kids, strict=True):
+            per_leaf += _jax_compat.broadcast_prefix(prefix, child)
+        out["in_shardings"] = tuple(x for i, x in enumerate(per_leaf) if i not in static_leaves)
+        return out
 
     def _inner_jit(self, inner: Callable[..., Any], **kwargs: Any) -> Any:
         """``jax.jit`` of one of kiln's wrappers of fun, with the user's jax.jit options (jax
@@ -525,11 +648,17 @@ class JitFunction:
         treedef: Any,
         static_leaves: dict[int, Any],
     ) -> tuple[int, ...]:
-        if not (self._donate_argnums or self._donate_argnames):
-            return ()
-        dyn_positions = _dyn_positions(statics, n_dyn)
         args_def, kwargs_def = treedef.children()
         donated: list[int] = []
+        if self._filter in ("all", "warn"):
+            donated = list(range(treedef.num_leaves))
+        elif self._filter in ("all-except-first", "warn-except-first"):
+            kids = args_def.children()
+            first = kids[0].num_leaves if kids else 0
+            donated = list(range(first, treedef.num_leaves))
+        elif not (self._donate_argnums or self._donate_argnames):
+            return ()
+        dyn_positions = _dyn_positions(statics, n_dyn)
         start = 0
         for j, child in enumerate(args_def.children()):
             if dyn_positions[j] in self._donate_argnums:
@@ -547,28 +676,40 @@ class JitFunction:
 
     # -- calling ------------------------------------------------------------------------------
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """(key, array leaves, dyn_args, dyn_kwargs, statics, static_key, treedef), or None
-        under a transformation (a tracer among the leaves)."""
+        """(key, array leaves, dyn_args, dyn_kwargs, statics, static_key, treedef, sigs).
+
+        key is None under a transformation (a tracer among the leaves, or an outer trace
+        the function may close over), and _PLAIN for arguments kiln.jit hands to the plain
+        jax.jit (a leaf that is not a JAX type: jax's own TypeError)."""
         global _MULTI_DEVICE
         if _MULTI_DEVICE is None:
             _MULTI_DEVICE = jax.device_count() > 1
+        if self._filter is not None and self._signature is not None:
+            # equinox binds to the signature: f(x, y=1) and f(x, 1) are one program
+            bound = self._signature.bind(*args, **kwargs)
+            args, kwargs = bound.args, bound.kwargs
         if self._static_argnums or self._static_argnames:
             dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
             static_key = self._static_key(statics) if statics else ()
         else:
             dyn_args, dyn_kwargs, statics, static_key = args, kwargs, (), ()
         leaves, treedef = _tree_flatten((dyn_args, dyn_kwargs))
-        sigs = tuple(map(_leaf_sig, leaves))
-        if None in sigs or not _jax_compat.at_top_level():
-            # a tracer among the arguments, or one the function may close over: behave as a
-            # nested jax.jit (never compile or store a program that captured a tracer)
-            return None, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
-        if _STATIC_LEAF in sigs:
-            leaf_key, leaves = self._static_leaves(leaves, sigs, treedef)
-            static_key = static_key + leaf_key
-        # jax's trace context includes jax_disable_jit, x64, matmul precision, ...
-        key = (_trace_context_token(), treedef, sigs, static_key)
-        return key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef
+        sigs = tuple(map(_leaf_sig if self._filter is None else _filter_leaf_sig, leaves))
+        key: Any = None
+        if self._in_shardings is not None and not self._in_shardings_fit(dyn_args, dyn_kwargs):
+            key = _PLAIN  # jax.jit's error for kwargs or a prefix of another length
+        elif _STATIC_LEAF in sigs:
+            if self._filter is None:
+                key = _PLAIN
+            else:
+                leaf_key, leaves = self._static_leaves(leaves, sigs, treedef)
+                static_key = static_key + leaf_key
+        if key is None and None not in sigs and _jax_compat.at_top_level():
+            # jax's trace context includes jax_disable_jit, x64, matmul precision, ...
+            key = (_trace_context_token(), treedef, sigs, static_key)
+        # else: a tracer among the arguments, or one the function may close over: behave as
+        # a nested jax.jit (never compile or store a program that captured a tracer)
+        return key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef, sigs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # with static arguments; without, __init__ makes the C++ dispatcher (as jax.jit's)
@@ -577,16 +718,21 @@ class JitFunction:
 
     def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """(outputs, executable for the C++ cache or None)."""
-        key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef = self._prepare(
+        key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef, sigs = self._prepare(
             args, kwargs
         )
+        if key is _PLAIN:
+            return self._plain(*args, **kwargs), None
         if key is None:
-            # Under a transformation (grad, vmap, an outer jit): behave like a nested jax.jit.
-            fn = self._inline_fn(statics, static_key, len(dyn_args))
-            return fn(*dyn_args, **dyn_kwargs), None
+            # Under a transformation (grad, vmap, an outer jit): a nested jax.jit, the same one
+            # a top-level miss traces (one trace per signature, as jax.jit)
+            with self._donation_warnings():
+                return self._nested_call(leaves, sigs, dyn_args, dyn_kwargs, statics,
+                                         static_key, treedef), None
         call = self._table.get(key)
         if call is None:
-            call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
+            with self._donation_warnings():
+                call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
         else:
             self._hot_calls += 1
         try:
@@ -595,9 +741,47 @@ class JitFunction:
             # jax_debug_nans / jax_debug_infs: as jax.jit, re-run op by op to name the
             # operation, raising FloatingPointError (never jax's internal exception)
             _jax_compat.raise_floating_point_error(e, self._fun, args, kwargs)
-        # only a plain executable over all leaves of (args, kwargs) can be cached in C++
-        cacheable = isinstance(call, jax.stages.Compiled) and not static_key
+        # only a plain executable over all leaves of (args, kwargs) can be cached in C++ (not
+        # after filter_jit moved keyword arguments to their positions)
+        cacheable = (isinstance(call, jax.stages.Compiled) and not static_key
+                     and not (kwargs and self._filter is not None))
         return outs, (call if cacheable else None)
+
+    @contextlib.contextmanager
+    def _donation_warnings(self) -> Iterator[None]:
+        """filter_jit(donate="all" / "all-except-first") silences jax's warning about donated
+        buffers it could not use, as equinox does."""
+        if not self._filter_warning:
+            yield
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            yield
+
+    def _nested_call(
+        self,
+        leaves: list[Any],
+        sigs: tuple[Any, ...],
+        dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any],
+        statics: tuple[tuple[Any, Any], ...],
+        static_key: tuple[Any, ...],
+        treedef: Any,
+    ) -> Any:
+        all_leaves = (treedef.flatten_up_to((dyn_args, dyn_kwargs)) if _STATIC_LEAF in sigs
+                      else leaves)
+        static_leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, sigs, strict=True))
+                         if s is _STATIC_LEAF}
+        _, jitted, box = self._flat_jitted(statics, len(dyn_args), treedef, static_leaves,
+                                           static_key)
+        out = jitted(*leaves)
+        static_out = box.get(_abstract_sig(leaves))
+        if static_out is None:
+            return out
+        out_tree, values = static_out
+        it = iter(out)
+        return out_tree.unflatten([values[i] if i in values else next(it)
+                                   for i in range(out_tree.num_leaves)])
 
     def _static_leaves(
         self, leaves: list[Any], sigs: tuple[Any, ...], treedef: Any
@@ -618,15 +802,6 @@ class JitFunction:
             key = self._static_key([(("leaf", i), leaves[i]) for i in idx], names)
         return key, [x for x, s in zip(leaves, sigs, strict=True) if s is not _STATIC_LEAF]
 
-    def _inline_fn(
-        self, statics: tuple[tuple[Any, Any], ...], static_key: tuple[Any, ...], n_dyn: int
-    ) -> Callable[..., Any]:
-        cache_key = (static_key, n_dyn)
-        fn = self._inline.get(cache_key)
-        if fn is None:
-            fn = self._inline[cache_key] = self._jitted(statics, n_dyn)
-        return fn
-
     def precompile(self, *args: Any, **kwargs: Any) -> None:
         """Compile (or load) and store the entry for these arguments without running it.
 
@@ -641,21 +816,105 @@ class JitFunction:
             >>> f(jnp.ones(3)).tolist()
             [2.0, 2.0, 2.0]
         """
-        key, _, dyn_args, dyn_kwargs, statics, static_key, treedef = self._prepare(args, kwargs)
-        if key is None:
+        key, _, dyn_args, dyn_kwargs, statics, static_key, treedef, _ = self._prepare(
+            args, kwargs)
+        if key is _PLAIN:
+            self._plain.trace(*args, **kwargs)  # jax's TypeError naming the argument
+        if key is None or key is _PLAIN:
             raise TypeError("precompile: arguments must be concrete arrays or ShapeDtypeStructs")
         if key not in self._table:
             self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef)
 
-    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
-        """``jax.jit(fun).lower(...)`` with kiln's static argument handling (always traces)."""
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
-        return self._jitted(statics, len(dyn_args)).lower(*dyn_args, **dyn_kwargs)
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower for these arguments, as ``jax.jit(fun).lower(...)``: a :class:`kiln.Lowered`
+        (``as_text()``, ``cost_analysis()``, ``compile()``). Its ``compile()`` loads the
+        executable from the store, or compiles and stores it, and gives a
+        :class:`kiln.Compiled` that takes the dynamic arguments (as ``jax.stages.Compiled``).
+
+        Under a transformation, or with arguments kiln.jit does not take, this is jax.jit's own
+        ``lower`` (jax's ``Lowered``, or jax's error).
+        """
+        key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef, sigs = self._prepare(
+            args, kwargs)
+        if key is None or key is _PLAIN:
+            return self._plain.lower(*args, **kwargs)
+        made: list[_Miss] = []
+
+        def miss() -> _Miss:
+            if not made:
+                made.append(_Miss(self, dyn_args, dyn_kwargs, statics, static_key, treedef,
+                                  key[2]))
+            return made[0]
+
+        def lowering() -> jax.stages.Lowered:
+            return miss()._trace_lower()
+
+        def compile() -> _stages.Compiled:
+            with self._donation_warnings():
+                call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef,
+                                  miss() if key not in self._table else None)
+            return _stages.Compiled(call, self._aot_check(key, treedef, sigs, dyn_args,
+                                                          dyn_kwargs, statics),
+                                    call, lowering)
+
+        return _stages.Lowered(lowering, compile)
+
+    def _aot_check(
+        self, key: Any, treedef: Any, sigs: tuple[Any, ...], dyn_args: Any, dyn_kwargs: Any,
+        statics: tuple[tuple[Any, Any], ...],
+    ) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:
+        """``check(args, kwargs) -> leaves`` for a :class:`kiln.Compiled`: jax's AOT errors
+        for another structure, shape or dtype."""
+        if self._filter is not None:
+            def check_all(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+                got = self._prepare(args, kwargs)
+                if got[6] != treedef:
+                    raise TypeError(_stages.pytree_mismatch(got[6], treedef))
+                if got[0] != key:
+                    raise TypeError(_stages.type_mismatch([
+                        "arguments differ in an array's shape or dtype, or in a value that is "
+                        "not an array (static under filter_jit)"]))
+                return list(got[1])
+
+            return check_all
+        names = [f"'{n}'" for n in _leaf_paths(self, dyn_args, dyn_kwargs, statics)]
+        want = [jax.typeof(s()) if isinstance(s, type) else s[0] if isinstance(s, tuple) else s
+                for s in sigs]
+
+        def check(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+            leaves, tree = _tree_flatten((args, kwargs))
+            if tree != treedef:
+                raise TypeError(_stages.pytree_mismatch(tree, treedef))
+            errors = []
+            for name, leaf, w in zip(names, leaves, want, strict=True):
+                try:
+                    a = jax.typeof(leaf)
+                except TypeError:
+                    raise TypeError(f"Argument {name} of type {type(leaf)} is not a valid JAX "
+                                    "type") from None
+                if (a.shape, a.dtype) != (w.shape, w.dtype):
+                    errors.append(f"Argument {name} compiled with {w.str_short()} and called "
+                                  f"with {a.str_short()}")
+            if errors:
+                raise TypeError(_stages.type_mismatch(errors))
+            return leaves
+
+        return check
 
     def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
-        """``jax.jit(fun).trace(...)`` with kiln's static argument handling."""
-        dyn_args, dyn_kwargs, statics = self._split(args, kwargs)
-        return self._jitted(statics, len(dyn_args)).trace(*dyn_args, **dyn_kwargs)
+        """``jax.jit(fun).trace(...)``: jax's ``Traced`` (``jaxpr``, ``lower()``) for these
+        arguments, with kiln's static argument handling; nothing is stored."""
+        key, leaves, dyn_args, dyn_kwargs, statics, static_key, treedef, sigs = self._prepare(
+            args, kwargs)
+        if key is _PLAIN or (self._filter is None and not statics):
+            return self._plain.trace(*args, **kwargs)
+        if self._filter is None:
+            return self._jitted(statics, len(dyn_args)).trace(*dyn_args, **dyn_kwargs)
+        all_leaves = treedef.flatten_up_to((dyn_args, dyn_kwargs))
+        static_leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, sigs, strict=True))
+                         if s is _STATIC_LEAF}
+        jitted = self._flat_jitted(statics, len(dyn_args), treedef, static_leaves, static_key)[1]
+        return jitted.trace(*leaves)  # type: ignore[no-any-return]
 
     def clear_cache(self) -> None:
         """Forget this process's executables (the store is untouched)."""
@@ -664,7 +923,7 @@ class JitFunction:
                 self._dispatch._clear_cache()  # type: ignore[attr-defined]
             self._table.clear()
             self._seen.clear()
-            self._inline.clear()
+            self._flat.clear()
 
     # -- misses -------------------------------------------------------------------------------
     def _miss(
@@ -675,12 +934,14 @@ class JitFunction:
         statics: tuple[tuple[Any, Any], ...],
         static_key: tuple[Any, ...],
         treedef: Any,
+        miss: _Miss | None = None,
     ) -> Any:
         with self._lock:
             compiled = self._table.get(key)
             if compiled is not None:
                 return compiled
-            miss = _Miss(self, dyn_args, dyn_kwargs, statics, static_key, treedef, key[2])
+            if miss is None:
+                miss = _Miss(self, dyn_args, dyn_kwargs, statics, static_key, treedef, key[2])
             if _jax_compat.jit_disabled():
                 self._table[key] = miss.inner
                 return miss.inner
@@ -801,10 +1062,12 @@ class _Miss:
         static_leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, sigs, strict=True))
                          if s is _STATIC_LEAF}
         self.leaves = [x for i, x in enumerate(all_leaves) if i not in static_leaves]
-        self.inner, self.jitted, self.box = jf._flat_jitted(
-            statics, len(dyn_args), treedef, static_leaves
+        self.inner, self.jitted, box = jf._flat_jitted(
+            statics, len(dyn_args), treedef, static_leaves, static_key
         )
+        self.box, self.box_sig = box, _abstract_sig(self.leaves)
         sigs = tuple(s for s in sigs if s is not _STATIC_LEAF)
+        arg_statics = statics
         statics = statics + tuple((("leaf", i), x) for i, x in static_leaves.items())
         self.store: Store = open_store(cfg)
         self.lowered: jax.stages.Lowered | None = None
@@ -873,7 +1136,18 @@ class _Miss:
             ("signature", f"{structure} :: {avals_text}"),
             *static_parts,
             *[(f"jit:{k}", _jit_option_text(v)) for k, v in sorted(jf._jit_options.items())],
+            *[(f"jit:{k}", str(_option_text(v))) for k, v in
+              (("in_shardings", jf._in_shardings), ("out_shardings", jf._out_shardings))
+              if v is not None],
         ]
+        donated = jf._donated_leaves(arg_statics, len(dyn_args), treedef,
+                                     static_leaves)
+        if donated:
+            # a donating executable deletes its inputs: never served to a call that keeps them
+            self.base_parts.append(("jit:donated-leaves", str(list(donated))))
+        if jf._filter is not None:
+            # equinox's contract (non-array outputs outside the executable)
+            self.base_parts.append(("jit:contract", "filter_jit"))
         self.fp_parts = [("fingerprint", self.fp.digest)]
         self.memory_reason: tuple[str, str] | None = None
 
@@ -1067,7 +1341,7 @@ class _Miss:
             if callbacks is None:
                 callbacks = _jax_compat.host_callbacks(self._lowering_of(inlined_form))
             out_tree = self.traced.out_tree
-            static_out = self.box.get("static_out")
+            static_out = self.box.get(self.box_sig)
             if ("static_out" in entry.sections) != (static_out is not None):
                 self._explain("lowered", "stored entry's outputs differ from the fresh trace")
                 return None
@@ -1201,7 +1475,7 @@ class _Miss:
     def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
         """(the callable, its entry sections or None when it cannot be stored, callbacks mode).
         Must run before the executable's first run (see ``serialize_compiled``)."""
-        static_out = self.box.get("static_out")
+        static_out = self.box.get(self.box_sig)
         result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
         try:
             sections, mode = _jax_compat.serialize_compiled(compiled)
@@ -1261,6 +1535,8 @@ def jit(
     backend: str | None = None,
     inline: bool = False,
     compiler_options: dict[str, Any] | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> JitFunction: ...
 
 
@@ -1277,6 +1553,8 @@ def jit(
     backend: str | None = None,
     inline: bool = False,
     compiler_options: dict[str, Any] | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> Callable[[F], JitFunction]: ...
 
 
@@ -1292,6 +1570,8 @@ def jit(
     backend: str | None = None,
     inline: bool = False,
     compiler_options: dict[str, Any] | None = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> Any:
     """Compile ``fun`` with XLA like ``jax.jit``, and keep the executable in a store.
 
@@ -1305,6 +1585,11 @@ def jit(
     defaults it reads, static argument values, argument avals and structure, jax config that
     changes tracing, ``XLA_FLAGS``, jax / jaxlib / library versions, backend and device kind.
 
+    Arguments follow ``jax.jit``'s contract: dynamic arguments are pytrees of arrays and
+    Python scalars (traced); any other leaf (a string, a function) raises jax's
+    ``TypeError``, as ``jax.jit`` does. For equinox's contract (every leaf that is not an
+    array static by value), use :func:`kiln.filter_jit`.
+
     Args:
         fun: the function to compile. Its dynamic arguments are pytrees of arrays.
         static_argnums: positions of static arguments. Unlike ``jax.jit``, numpy arrays, jax
@@ -1315,8 +1600,10 @@ def jit(
         donate_argnames: names of such arguments.
         keep_unused, device, backend, inline, compiler_options: as ``jax.jit`` (jax 0.10 to
             0.12): passed to every ``jax.jit`` kiln makes of ``fun``, and part of the key.
-            ``in_shardings`` / ``out_shardings`` are not supported yet (place the inputs with
-            ``jax.device_put``; outputs keep the inputs' shardings).
+        in_shardings, out_shardings: as ``jax.jit``: ``in_shardings`` is a sharding, or a
+            tuple with one pytree prefix of shardings per dynamic positional argument (static
+            ones excluded; no dynamic keyword arguments then); ``out_shardings`` a prefix of
+            the outputs. Part of the key (mesh shape, axis names, device ids, partition spec).
 
     Returns:
         A :class:`JitFunction` (or, with ``fun=None``, a decorator making one).
@@ -1350,6 +1637,74 @@ def jit(
             backend=backend,
             inline=inline,
             compiler_options=compiler_options,
+            in_shardings=in_shardings,
+            out_shardings=out_shardings,
         )
+
+    return make if fun is None else make(fun)
+
+
+_FILTER_DONATE = ("all", "all-except-first", "warn", "warn-except-first", "none")
+
+
+def filter_jit(fun: Callable[..., Any] | None = None, *, donate: str = "none",
+               **jitkwargs: Any) -> Any:
+    """``equinox.filter_jit`` whose executables outlive the process.
+
+    equinox's contract and signature: every JAX or numpy array leaf of the arguments is
+    traced, every other leaf (Python ``int`` /
+    ``float`` / ``bool``, functions, strings, an equinox Module's static fields) is static,
+    compared by value (kiln's digests; a value with none is compared with ``==`` in this
+    process only). Arguments are bound to ``fun``'s signature first, so ``f(x, y=1)`` and
+    ``f(x, 1)`` are one program. Outputs that are not arrays are returned as they are,
+    outside the executable. So an equinox user swaps ``eqx.filter_jit`` for
+    ``kiln.filter_jit`` and nothing else changes; what is stored and when is as for
+    :func:`kiln.jit`. One difference: when ``fun`` itself is a Module holding arrays
+    (``filter_jit(model)``), equinox traces those arrays, kiln keys them by value (new
+    weights compile again): pass the Module as an argument instead.
+
+    Args:
+        fun: the function to compile (``None``: a decorator).
+        donate: ``"all"`` (donate every array, silence jax's unused-donation warnings),
+            ``"all-except-first"`` (all but the first argument's arrays), ``"warn"`` /
+            ``"warn-except-first"`` (the same, keeping the warnings), ``"none"`` (default).
+        **jitkwargs: ``jax.jit``'s ``keep_unused``, ``device``, ``backend``, ``inline``,
+            ``compiler_options``.
+
+    Returns:
+        A :class:`JitFunction` (or, with ``fun=None``, a decorator making one).
+
+    Raises:
+        ValueError: ``donate`` not one of the above; ``jitkwargs`` holding
+            ``static_argnums``, ``static_argnames``, ``donate_argnums``, ``in_shardings`` or
+            ``out_shardings`` (equinox's errors).
+
+    Example:
+        >>> import jax.numpy as jnp, kiln
+        >>> @kiln.filter_jit
+        ... def scale(x, factor, name):
+        ...     return x * factor, name
+        >>> out, name = scale(jnp.arange(3.0), 2, "double")
+        >>> out.tolist(), name
+        ([0.0, 2.0, 4.0], 'double')
+    """
+    if any(k in jitkwargs for k in ("static_argnums", "static_argnames", "donate_argnums",
+                                   "in_shardings", "out_shardings")):
+        raise ValueError(
+            "`jitkwargs` cannot contain 'static_argnums', 'static_argnames', "
+            "'donate_argnums', 'in_shardings', or 'out_shardings'."
+        )
+    if donate not in _FILTER_DONATE:
+        raise ValueError(
+            "`filter_jit(..., donate=...)` must be one of 'all', 'all-except-first', "
+            "'warn', 'warn-except-first', or 'none'."
+        )
+    unknown = set(jitkwargs) - {"keep_unused", "device", "backend", "inline",
+                                "compiler_options"}
+    if unknown:
+        raise TypeError(f"filter_jit() got unexpected keyword arguments {sorted(unknown)}")
+
+    def make(f: Callable[..., Any]) -> JitFunction:
+        return JitFunction(f, _filter=donate, **jitkwargs)
 
     return make if fun is None else make(fun)

@@ -427,8 +427,8 @@ class NoinlineFunction:
         program's trace and executable (see :class:`DynamicNoinline`).
 
         A :class:`NoinlineFunction` itself is not a JAX type: pass it as a static argument
-        (``static_argnames``, or to ``equinox.filter_jit`` / :func:`kiln.jit`, which treat it as
-        static), or call it from the program's body.
+        (``static_argnames``, or to ``equinox.filter_jit`` / :func:`kiln.filter_jit`, which
+        treat it as static), or call it from the program's body.
 
         Example:
             >>> import jax, jax.numpy as jnp, kiln

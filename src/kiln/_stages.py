@@ -1,0 +1,129 @@
+"""Ahead-of-time stages of a kiln function, as ``jax.stages``: ``f.lower(...)`` gives a
+:class:`Lowered`, whose ``compile()`` loads the executable from the store or compiles and
+stores it, giving a :class:`Compiled`.
+
+These classes know nothing of kiln.jit's internals: ``_jit`` hands them the callables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+__all__ = ["Compiled", "Lowered"]
+
+
+class Lowered:
+    """A lowered kiln function (``jax.stages.Lowered``'s methods), not yet compiled.
+
+    ``compile()`` uses the store: a warm process loads the executable (no XLA compile) and a
+    cold one compiles and writes the entry, as a call would.
+    """
+
+    def __init__(self, lowering: Callable[[], jax.stages.Lowered],
+                 compile: Callable[[], Compiled]) -> None:
+        self._lowering = lowering
+        self._compile = compile
+
+    def compile(self) -> Compiled:
+        """The executable for these arguments, from the store or compiled (and stored)."""
+        return self._compile()
+
+    def as_text(self, dialect: str | None = None, **kwargs: Any) -> str:
+        """The lowered module as text (StableHLO), as ``jax.stages.Lowered.as_text``."""
+        lowered = self._lowering()
+        return lowered.as_text(dialect, **kwargs) if dialect else lowered.as_text(**kwargs)
+
+    def compiler_ir(self, dialect: str | None = None) -> Any:
+        return self._lowering().compiler_ir(dialect) if dialect else self._lowering().compiler_ir()
+
+    def cost_analysis(self) -> Any:
+        """XLA's cost estimate of the lowered module (flops, bytes accessed)."""
+        return self._lowering().cost_analysis()
+
+    @property
+    def in_tree(self) -> Any:
+        return self._lowering().in_tree
+
+    @property
+    def out_tree(self) -> Any:
+        return self._lowering().out_tree
+
+    def __repr__(self) -> str:
+        return "<kiln Lowered>"
+
+
+class Compiled:
+    """A compiled kiln function for one signature (``jax.stages.Compiled``'s methods).
+
+    Call it with the dynamic arguments only (``kiln.jit``: static arguments are part of the
+    executable, as with ``jax.jit``'s AOT; ``kiln.filter_jit``: all arguments, as equinox).
+
+    Raises (on call):
+        TypeError: arguments of another pytree structure, shape or dtype than those it was
+            compiled for, with ``jax.stages.Compiled``'s messages.
+    """
+
+    def __init__(self, call: Callable[..., Any], check: Callable[[tuple[Any, ...],
+                 dict[str, Any]], list[Any]], executable: Any,
+                 lowering: Callable[[], jax.stages.Lowered]) -> None:
+        self._call = call
+        self._check = check
+        self._executable = executable
+        self._lowering = lowering
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*self._check(args, kwargs))
+
+    def _jax_compiled(self) -> Any:
+        if isinstance(self._executable, jax.stages.Compiled):
+            return self._executable
+        return None
+
+    def as_text(self) -> str | None:
+        """The optimized HLO text of the executable (``jax.stages.Compiled.as_text``)."""
+        got = self._jax_compiled()
+        return got.as_text() if got is not None else self._lowering().compile().as_text()
+
+    def cost_analysis(self) -> Any:
+        """XLA's cost estimate of the executable (flops, bytes accessed)."""
+        got = self._jax_compiled()
+        if got is not None:
+            try:
+                return got.cost_analysis()
+            except Exception:  # noqa: BLE001 - a deserialized executable may not say
+                pass
+        return self._lowering().cost_analysis()
+
+    def memory_analysis(self) -> Any:
+        got = self._jax_compiled()
+        return got.memory_analysis() if got is not None else None
+
+    def __repr__(self) -> str:
+        return "<kiln Compiled>"
+
+
+def pytree_mismatch(got: Any, want: Any) -> str:
+    """``jax.stages.Compiled``'s message for arguments of another pytree structure."""
+    from . import _jax_compat
+
+    errs = _jax_compat.pytree_differences(got, want)
+    msg = ["Function compiled with input pytree does not match the input pytree it was called "
+           f"with. There are {len(errs)} mismatches, including:"]
+    for path, thing1, thing2, explanation in errs:
+        fst, *rest = path
+        base = ["args", "kwargs"][fst.idx]
+        msg.append(f"    * at {base}{jax.tree_util.keystr(tuple(rest))}, seen {thing2} but now "
+                   f"given {thing1}, so {explanation}")
+    return "\n".join(msg)
+
+
+def type_mismatch(errors: list[str]) -> str:
+    """``jax.stages.Compiled``'s message for arguments of other shapes or dtypes."""
+    shown = "\n".join(errors[:5])
+    which = f"The first 5 of {len(errors)}" if len(errors) >= 5 else "The"
+    return ("Argument types differ from the types for which this computation was compiled. "
+            "Perhaps you are calling the compiled executable with a different enable_x64 mode "
+            f"than when it was AOT compiled? {which} mismatches are:\n{shown}")
