@@ -10,12 +10,9 @@ Both training steps are jitted with either ``jax.jit`` or ``kiln.jit``::
 - **nnx**: ``NnxMLP`` is a ``flax.nnx`` module, taken apart with
   ``graphdef, state = nnx.split(model)``; ``train_step(graphdef, state, opt_state, x, y)``
   takes the graph definition as a static argument and the ``nnx.State`` as a pytree argument,
-  and rebuilds the module inside with ``nnx.merge(graphdef, state)``. A ``GraphDef`` holds a
-  ``flax.typing.HashableMapping``, which kiln cannot hash by value: a warm start of the nnx
-  ``train_step`` and ``accuracy`` takes kiln's verify path, trace + lower and no compile
-  (``KILN_EXPLAIN=1`` says so). Do not close over the graphdef instead: kiln does not key a
-  closed-over ``GraphDef`` by value yet, so a change that lives only in it (a plain float
-  attribute of the module) would load a stale executable (``tests/test_flax.py``).
+  and rebuilds the module inside with ``nnx.merge(graphdef, state)``. kiln keys the
+  ``GraphDef`` by value (its node types, pytree structures and attributes), so a warm start
+  runs the stored executables with no trace; closing over the graphdef is keyed the same way.
 
 Full-batch training (1347 training images, 450 test images), deterministic: the same seed
 gives the same accuracies and losses in every run. The last line printed is one JSON object

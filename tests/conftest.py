@@ -104,9 +104,13 @@ jax.monitoring.register_event_duration_secs_listener(_listener)
 
 def plain(out):
     leaves, treedef = jax.tree_util.tree_flatten(out)
+    arrays = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
     return {
-        "leaves": [np.asarray(a).tolist() for a in leaves],
-        "dtypes": [str(np.asarray(a).dtype) for a in leaves],
+        # a leaf that is not an array (filter_jit: a Module's function) by its type name
+        "leaves": [np.asarray(a).tolist() if isinstance(a, arrays) else f"<{type(a).__name__}>"
+                   for a in leaves],
+        "dtypes": [str(np.asarray(a).dtype) if isinstance(a, arrays) else "static"
+                   for a in leaves],
         "tree": str(treedef),
         "type": type(out).__name__,
     }

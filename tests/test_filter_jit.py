@@ -221,3 +221,18 @@ def test_nested_filter_jit_non_array_outputs_per_signature() -> None:
         assert size == n and out.shape == (n,)
         top, size = f(jnp.ones(n))
         assert size == n and top.shape == (n,)
+
+
+def test_donation_is_part_of_the_key() -> None:
+    """An executable that donates its input is never served to a function that keeps it."""
+
+    def body(x):
+        return x + 1.0
+
+    a = jnp.ones(3)
+    kiln.jit(body, donate_argnums=0)(a)
+    assert a.is_deleted()
+    b = jnp.ones(3)
+    assert np.asarray(kiln.jit(body)(b)).tolist() == [2.0] * 3
+    assert not b.is_deleted()
+    assert kiln.stats().compiles == 2 and kiln.stats().hits == 0

@@ -7,6 +7,7 @@ Cross-process edits of the same kinds are in ``test_staleness.py`` and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -219,3 +220,23 @@ def test_python_random_state_counts():
     random.seed(0)
     assert _digest(f) == a
 
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _StaticCfg:
+    scale: float
+
+
+def test_register_static_pytree_is_keyed_by_its_fields() -> None:
+    """jax.tree_util.register_static (an nnx GraphDef): the node is its own aux data; it was
+    keyed by class only, so a closed-over config with another value served a stale program."""
+
+    def make(cfg):
+        def f(x):
+            return x * cfg.scale
+
+        return f
+
+    assert _digest(make(_StaticCfg(1.0))) != _digest(make(_StaticCfg(2.0)))
+    assert _digest(make(_StaticCfg(1.0))) == _digest(make(_StaticCfg(1.0)))

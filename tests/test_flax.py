@@ -108,25 +108,12 @@ def test_warm_run_loads_every_executable(cold_warm: tuple[dict[str, Any], dict[s
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="an nnx GraphDef as a static argument has no canonical digest in kiln (its "
-    "nodes[i].metadata.key_index is a flax.typing.HashableMapping, hashed by identity), so a "
-    "warm start of the nnx steps takes the verify path: trace + lower, no compile",
-)
 def test_warm_nnx_steps_do_not_trace(cold_warm: tuple[dict[str, Any], dict[str, Any]]) -> None:
     _, warm = cold_warm
     assert warm["nnx"]["kiln"]["traces"] == 0
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="kiln bug: a pytree registered with jax.tree_util.register_static (an nnx GraphDef) "
-    "reached through a closure or global is fingerprinted as its class only: its aux data is "
-    "the object itself, which the walker has already marked seen, so a static attribute that "
-    "lives only in the graphdef is not in the key and a warm start returns the stale result",
-)
 def test_closed_over_graphdef_is_keyed_by_value(xp: Any, tmp_path: Path) -> None:
     prog = xp.Program(tmp_path)
     prog.write(

@@ -9,6 +9,7 @@ import gc
 import http
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -397,3 +398,27 @@ def test_property_dict_order_irrelevant(v: dict[str, int], rnd: Any) -> None:
     items = list(v.items())
     rnd.shuffle(items)
     assert d(v) == d(dict(items))
+
+
+class _FrozenMap(Mapping):  # an immutable mapping class, as flax's HashableMapping
+    def __init__(self, d):
+        self._d = dict(d)
+
+    def __getitem__(self, k):
+        return self._d[k]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+    def __hash__(self):
+        return hash(tuple(self._d.items()))
+
+
+def test_hashable_mapping_by_items() -> None:
+    a, b = _FrozenMap({"k": 1}), _FrozenMap({"k": 2})
+    assert static_digest(a, argname="m") == static_digest(_FrozenMap({"k": 1}), argname="m")
+    assert static_digest(a, argname="m") != static_digest(b, argname="m")
+    assert static_digest(a, argname="m") != static_digest({"k": 1}, argname="m")  # class counts

@@ -501,6 +501,10 @@ class _Walker:
         if data is None:
             return False
         typ, aux = data
+        if aux is v:
+            # jax.tree_util.register_static (an nnx GraphDef): the node is its own aux data,
+            # so it is walked as the object it is, field by field
+            return False
         self.klass(typ)
         self.add(f"pytree:{name}", f"{typ.__module__}.{typ.__qualname__}")
         library = not _is_user_class(typ)

@@ -62,6 +62,7 @@ encoding; ``digest`` is the 16 raw bytes of a nested ``xxh3_128``::
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import enum
 import functools
@@ -516,6 +517,17 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
         _write_name(h, tp, "class", argname, path)
         _EXACT[base](h, base(v), argname, path)
         return
+    if isinstance(v, jax.tree_util.PyTreeDef):
+        h.update(b"T")  # a pytree structure (in an nnx GraphDef): node types, aux, shape
+        _encode_treedef(h, v, argname, path)
+        return
+    if isinstance(v, collections.abc.Mapping) and tp.__hash__ is not None:
+        # an immutable mapping class (flax's HashableMapping in an nnx GraphDef): its class by
+        # name, then its items in iteration order, as a dict
+        h.update(b"M")
+        _write_name(h, tp, "mapping class", argname, path)
+        _encode(h, dict(v.items()), argname, path)
+        return
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or (
         tp.__hash__ is not None and _importable_name(v) is not None
     ):
@@ -533,6 +545,24 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
         "by value. Make it hashable (for example a frozen dataclass), define "
         "__kiln_digest__(self) -> bytes, or mark the argument as dynamic."
     )
+
+
+def _encode_treedef(h: _Hasher, t: Any, argname: str, path: _Path) -> None:
+    data = t.node_data()
+    if data is None:
+        h.update(b"*")
+        return
+    node_type, aux = data
+    if node_type is type(None):
+        h.update(b"0")
+        return
+    h.update(b"N")
+    _write_name(h, node_type, "pytree node type", argname, path)
+    _encode(h, aux, argname, (path, _ATTR, "<aux>"))
+    kids = t.children()
+    h.update(_pack_q(len(kids)))
+    for k in kids:
+        _encode_treedef(h, k, argname, path)
 
 
 def _encode_pytree(h: _Hasher, v: Any, argname: str, path: _Path) -> bool:
