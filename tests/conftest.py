@@ -107,8 +107,8 @@ def plain(out):
     arrays = (jax.Array, np.ndarray, np.generic, int, float, bool, complex)
     return {
         # a leaf that is not an array (filter_jit: a Module's function) by its type name
-        "leaves": [np.asarray(a).tolist() if isinstance(a, arrays) else f"<{type(a).__name__}>"
-                   for a in leaves],
+        "leaves": [np.asarray(a).tolist() if isinstance(a, arrays) else
+                   a if isinstance(a, str) else f"<{type(a).__name__}>" for a in leaves],
         "dtypes": [str(np.asarray(a).dtype) if isinstance(a, arrays) else "static"
                    for a in leaves],
         "tree": str(treedef),

@@ -1,0 +1,109 @@
+"""kiln's counters for this process: :func:`stats`, :func:`reset_stats`, and :func:`bump` for
+the modules that count. Per-function hot-path counters register a reader here
+(:func:`register_hot_counter`), so this module imports nothing of kiln's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Stats", "stats", "reset_stats", "bump", "count_reason", "register_hot_counter"]
+
+@dataclasses.dataclass
+class Stats:
+    """Counters for this process (all functions together).
+
+    Attributes:
+        calls_hot: calls served by kiln's Python in-process table (functions with static
+            arguments, and first calls); calls dispatched by the C++ fast path, as ``jax.jit``
+            dispatches them, are not counted.
+        hits: persistent hits (executable loaded from the store; no compile).
+        misses: persistent misses (compiled).
+        traces: times a function body was traced by kiln.
+        compiles: XLA compiles kiln ran.
+        compile_seconds: seconds spent tracing + lowering + compiling on misses.
+        saved_seconds: compile seconds recorded in the entries that were loaded instead.
+        load_seconds: seconds spent loading (deserializing) entries.
+        fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
+            store lookup, building a manifest after a cold trace, re-checking one on a hit).
+        bad_entries: corrupt / foreign / tampered entries seen (each replaced).
+        store_errors: failures of the store itself (I/O errors, a full or read-only disk, its
+            index, a refused directory); the first per store gives a ``StoreWarning``.
+        stores_written: entries written.
+        noinline_calls: host round trips into :func:`kiln.noinline` executables (one per call
+            site executed, while a program runs in its not-inlined form).
+        tier_ups: inlined programs compiled in the background and swapped in (tier-up).
+        reasons: count of miss reasons by kind.
+    """
+
+    calls_hot: int = 0
+    hits: int = 0
+    misses: int = 0
+    traces: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    saved_seconds: float = 0.0
+    load_seconds: float = 0.0
+    fingerprint_seconds: float = 0.0
+    bad_entries: int = 0
+    store_errors: int = 0
+    stores_written: int = 0
+    noinline_calls: int = 0
+    tier_ups: int = 0
+    reasons: Counter[str] = dataclasses.field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["reasons"] = dict(self.reasons)
+        return d
+
+
+_stats = Stats()
+_lock = threading.Lock()
+
+
+def stats() -> Stats:
+    """A snapshot of this process's counters (see :class:`Stats`)."""
+    with _lock:
+        return dataclasses.replace(
+            _stats, calls_hot=_hot_calls() - _hot_offset, reasons=Counter(_stats.reasons)
+        )
+
+
+_hot_offset = 0
+
+
+def reset_stats() -> None:
+    """Zero the counters."""
+    global _stats, _hot_offset
+    with _lock:
+        _stats = Stats()
+        _hot_offset = _hot_calls()
+
+
+def bump(**kwargs: float) -> None:
+    with _lock:
+        for name, value in kwargs.items():
+            setattr(_stats, name, getattr(_stats, name) + value)
+
+
+_hot_counters: list[Callable[[], int]] = []
+
+
+def register_hot_counter(read: Callable[[], int]) -> None:
+    """Add a reader of calls served from an in-process table (summed into ``calls_hot``)."""
+    _hot_counters.append(read)
+
+
+def _hot_calls() -> int:
+    return sum(read() for read in _hot_counters)
+
+
+def count_reason(kind: str) -> None:
+    """Count one miss reason of ``kind`` (see ``kiln._explain.explain``)."""
+    with _lock:
+        _stats.reasons[kind] += 1
