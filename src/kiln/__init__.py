@@ -12,9 +12,6 @@ from ._errors import StaticArgumentError as StaticArgumentError
 from ._errors import StoreError as StoreError
 from ._errors import StoreWarning as StoreWarning
 from ._errors import VerifyError as VerifyError
-from ._explain import Stats as Stats
-from ._explain import reset_stats as reset_stats
-from ._explain import stats as stats
 from ._jit import JitFunction as JitFunction
 from ._jit import filter_jit as filter_jit
 from ._jit import jit as jit
@@ -23,9 +20,11 @@ from ._noinline import NoinlineFunction as NoinlineFunction
 from ._noinline import noinline as noinline
 from ._stages import Compiled as Compiled
 from ._stages import Lowered as Lowered
+from ._stats import Stats as Stats
+from ._stats import reset_stats as reset_stats
+from ._stats import stats as stats
 from ._tier_up import wait_for_tier_up as wait_for_tier_up
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 __all__ = [
     "Compiled",

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _config
+from . import _config, _stats
 from ._errors import KilnError
 
 __all__ = ["main"]
@@ -482,8 +482,6 @@ def _exit_code(e: SystemExit) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from . import _explain
-
     script = args.script
     if not os.path.isfile(script):
         raise _Failure(f"cannot run {script!r}: no such file", code=2)
@@ -504,7 +502,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args.script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    before = _explain.stats()
+    before = _stats.stats()
     code = 0
     try:
         with _configured(**settings):
@@ -524,7 +522,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             kiln_logger.removeHandler(handler)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        _note(_format_summary(_stats_delta(before, _explain.stats())))
+        _note(_format_summary(_stats_delta(before, _stats.stats())))
     return code
 
 
@@ -699,7 +697,7 @@ def _common(suppress: bool) -> _Parser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     parser = _Parser(
         prog="kiln",

@@ -10,108 +10,24 @@ Every miss gets a one-line reason, logged on the ``kiln`` logger at DEBUG, or at
 - for a persistent miss, which key part differs from the closest stored entry of the same
   function (a helper's code, a library version, a jax config value, ``XLA_FLAGS`` ...).
 
-:func:`stats` returns the counters (also printed by ``kiln run`` at exit).
+Counters (``kiln.stats()``) are in ``kiln._stats``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import threading
-from collections import Counter
 from typing import Any
 
-__all__ = ["Stats", "stats", "reset_stats", "explain", "describe_signature_change", "diff_parts"]
+from . import _stats
+
+__all__ = ["explain", "describe_signature_change", "diff_parts"]
 
 logger = logging.getLogger("kiln")
 
 
-@dataclasses.dataclass
-class Stats:
-    """Counters for this process (all functions together).
-
-    Attributes:
-        calls_hot: calls served by kiln's Python in-process table (functions with static
-            arguments, and first calls); calls dispatched by the C++ fast path, as ``jax.jit``
-            dispatches them, are not counted.
-        hits: persistent hits (executable loaded from the store; no compile).
-        misses: persistent misses (compiled).
-        traces: times a function body was traced by kiln.
-        compiles: XLA compiles kiln ran.
-        compile_seconds: seconds spent tracing + lowering + compiling on misses.
-        saved_seconds: compile seconds recorded in the entries that were loaded instead.
-        load_seconds: seconds spent loading (deserializing) entries.
-        fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
-            store lookup, building a manifest after a cold trace, re-checking one on a hit).
-        bad_entries: corrupt / foreign / tampered entries seen (each replaced).
-        store_errors: failures of the store itself (I/O errors, a full or read-only disk, its
-            index, a refused directory); the first per store gives a ``StoreWarning``.
-        stores_written: entries written.
-        noinline_calls: host round trips into :func:`kiln.noinline` executables (one per call
-            site executed, while a program runs in its not-inlined form).
-        tier_ups: inlined programs compiled in the background and swapped in (tier-up).
-        reasons: count of miss reasons by kind.
-    """
-
-    calls_hot: int = 0
-    hits: int = 0
-    misses: int = 0
-    traces: int = 0
-    compiles: int = 0
-    compile_seconds: float = 0.0
-    saved_seconds: float = 0.0
-    load_seconds: float = 0.0
-    fingerprint_seconds: float = 0.0
-    bad_entries: int = 0
-    store_errors: int = 0
-    stores_written: int = 0
-    noinline_calls: int = 0
-    tier_ups: int = 0
-    reasons: Counter[str] = dataclasses.field(default_factory=Counter)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["reasons"] = dict(self.reasons)
-        return d
-
-
-_stats = Stats()
-_lock = threading.Lock()
-
-
-def stats() -> Stats:
-    """A snapshot of this process's counters (see :class:`Stats`)."""
-    from ._jit import hot_calls
-
-    with _lock:
-        return dataclasses.replace(
-            _stats, calls_hot=hot_calls() - _hot_offset, reasons=Counter(_stats.reasons)
-        )
-
-
-_hot_offset = 0
-
-
-def reset_stats() -> None:
-    """Zero the counters."""
-    global _stats, _hot_offset
-    from ._jit import hot_calls
-
-    with _lock:
-        _stats = Stats()
-        _hot_offset = hot_calls()
-
-
-def bump(**kwargs: float) -> None:
-    with _lock:
-        for name, value in kwargs.items():
-            setattr(_stats, name, getattr(_stats, name) + value)
-
-
 def explain(kind: str, message: str, *, explain_on: bool) -> None:
     """Log one miss reason (WARNING when explaining, else DEBUG) and count its kind."""
-    with _lock:
-        _stats.reasons[kind] += 1
+    _stats.count_reason(kind)
     logger.log(logging.WARNING if explain_on else logging.DEBUG, "kiln: %s", message)
 
 

@@ -42,7 +42,7 @@ from typing import Any, TypeVar, overload
 import jax
 import numpy as np
 
-from . import _explain, _jax_compat, _noinline, _stages, _tier_up
+from . import _explain, _jax_compat, _noinline, _stages, _stats, _tier_up
 from ._config import Config, get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StaticArgumentError, StoreError, StoreWarning, VerifyError
@@ -68,6 +68,9 @@ _instances: weakref.WeakSet[JitFunction] = weakref.WeakSet()
 def hot_calls() -> int:
     """Calls served from the in-process tables of all live kiln.jit functions."""
     return sum(f._hot_calls for f in list(_instances))
+
+
+_stats.register_hot_counter(hot_calls)
 _SCALARS = (int, float, bool, complex)
 _VERIFY_ONLY = object()
 _PLAIN = object()  # _prepare: hand the call to the plain jax.jit (jax's own errors)
@@ -1128,7 +1131,7 @@ class _Miss:
         self.modules_before = set(sys.modules)  # what the static walk below can see
         t0 = time.perf_counter()
         self.fp = fingerprint(jf._fun, extra=extra)
-        _explain.bump(fingerprint_seconds=time.perf_counter() - t0)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if not self.fp.sound and self.unsound is None:
             self.unsound = self.fp.reason
         self.base_parts = environment_parts() + [
@@ -1170,7 +1173,7 @@ class _Miss:
         """The store itself failed (I/O, its index, a refused directory): counted; one warning
         per store per process, then quiet (the program goes on compiling in memory); with
         ``KILN_STRICT=1`` a :class:`StoreError`."""
-        _explain.bump(store_errors=1)
+        _stats.bump(store_errors=1)
         message = f"kiln: cannot {doing} store {self.store.url!r} ({e})"
         if self.cfg.strict:
             raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
@@ -1196,7 +1199,7 @@ class _Miss:
                 traced = self.traced = self.jitted.trace(*self.leaves)
             self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorded.codes
             self.imported = recorded.imported
-            _explain.bump(traces=1)
+            _stats.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0
         return self.traced
 
@@ -1269,7 +1272,7 @@ class _Miss:
         self._trace()
         t0 = time.perf_counter()
         manifest, reason = manifest_for(self.calls, self.fp, self.imported)
-        _explain.bump(fingerprint_seconds=time.perf_counter() - t0)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         assert fp_key is not None  # internal invariant: the fingerprint was sound
         if reason is not None:
             self._explain("verify-path", f"taking the verify path: {reason}")
@@ -1295,7 +1298,7 @@ class _Miss:
                 # a valid entry stored under another key (a swapped or copied file)
                 raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
         except EntryError as e:
-            _explain.bump(bad_entries=1)
+            _stats.bump(bad_entries=1)
             self._warn(
                 f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} is unusable "
                 f"({e})", "recompiling and replacing it",
@@ -1309,7 +1312,7 @@ class _Miss:
             self.tier_up, self.key = True, key
         t0 = time.perf_counter()
         changed = check_manifest(header.get("manifest") or [])
-        _explain.bump(fingerprint_seconds=time.perf_counter() - t0)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if changed is not None:
             self._explain("manifest", f"stored entry is stale: {changed}")
             return None
@@ -1354,14 +1357,14 @@ class _Miss:
                     static_out = _jax_compat.unpickle_value(entry.sections["static_out"])
                 compiled = _with_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
-            _explain.bump(bad_entries=1)
+            _stats.bump(bad_entries=1)
             self._warn(
                 f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
                 f"({type(e).__name__}: {e})", "recompiling and replacing it",
             )
             return None
         load_s = time.perf_counter() - t0
-        _explain.bump(hits=1, load_seconds=load_s,
+        _stats.bump(hits=1, load_seconds=load_s,
                       saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
         return compiled
@@ -1454,7 +1457,7 @@ class _Miss:
                 result = _tier_up.compile_and_store_inlined(
                     self, _tier_up.structs(self.leaves), t_start
                 )
-            _explain.bump(misses=1)
+            _stats.bump(misses=1)
             return result
         lowered = self._trace_lower()
         t0 = time.perf_counter()
@@ -1462,7 +1465,7 @@ class _Miss:
             compiled = lowered.compile()
         compile_s = time.perf_counter() - t0
         total = time.perf_counter() - t_start
-        _explain.bump(misses=1, compiles=1, compile_seconds=total)
+        _stats.bump(misses=1, compiles=1, compile_seconds=total)
         result, sections, mode = self._serialize(compiled)
         if sections is None:
             return result
@@ -1519,7 +1522,7 @@ class _Miss:
         except (OSError, StoreError) as e:
             self._store_fault("write to", e)
             return
-        _explain.bump(stores_written=1)
+        _stats.bump(stores_written=1)
 
 
 @overload

@@ -47,7 +47,7 @@ _EXTRA_CONFIG = (
 
 @functools.lru_cache(maxsize=1)
 def _static_environment() -> tuple[tuple[str, str], ...]:
-    from . import __version__
+    from ._version import __version__
 
     devices = jax.devices()
     d0 = devices[0]

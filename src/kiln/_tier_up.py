@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.extend.core as jex
 
-from . import _explain, _jax_compat, _noinline
+from . import _jax_compat, _noinline, _stats
 from ._fingerprint import manifest_for
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def _tier_up(miss: _Miss, table_key: Any, structs: list[Any]) -> None:
             jf._table[table_key] = result
             if jf._dispatch is not None:
                 jf._dispatch._clear_cache()  # type: ignore[attr-defined]
-    _explain.bump(tier_ups=1)
+    _stats.bump(tier_ups=1)
     miss._explain("tier-up", f"inlined program swapped in (compiled in the background in "
                              f"{time.perf_counter() - t0:.2f} s)")
 
@@ -169,7 +169,7 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
         raise RuntimeError(f"inlined program takes {got}, the program {want}")
     compiled = _jax_compat.with_out_tree(lowered.compile(), miss.traced.out_tree)
     seconds = time.perf_counter() - t0
-    _explain.bump(compiles=1, compile_seconds=seconds)
+    _stats.bump(compiles=1, compile_seconds=seconds)
     result, sections, mode = miss._serialize(compiled)
     if sections is None:
         return result
