@@ -1,5 +1,7 @@
 """kiln: make XLA compilation a one-time cost for JAX programs."""
 
+from ._api import filter_jit as filter_jit
+from ._api import jit as jit
 from ._config import Config as Config
 from ._config import config_context as config_context
 from ._config import configure as configure
@@ -13,8 +15,6 @@ from ._errors import StoreError as StoreError
 from ._errors import StoreWarning as StoreWarning
 from ._errors import VerifyError as VerifyError
 from ._jit import JitFunction as JitFunction
-from ._jit import filter_jit as filter_jit
-from ._jit import jit as jit
 from ._noinline import DynamicNoinline as DynamicNoinline
 from ._noinline import NoinlineFunction as NoinlineFunction
 from ._noinline import noinline as noinline

@@ -51,13 +51,35 @@ from jax._src.lib import xla_client as _xc
 # hot path. Exposed as xla_client.ArrayImpl since jaxlib 0.4.
 ArrayImpl = _xc.ArrayImpl
 
-__all__ = [
+__all__ = [  # every name kiln uses (the rest is private to this shim)
+    "ArrayImpl",
+    "InternalFloatingPointError",
     "Unserializable",
-    "trace_context",
+    "apply_local_config",
+    "at_top_level",
+    "broadcast_prefix",
+    "codes_in_jaxpr",
+    "eqns_in",
     "host_callbacks",
-    "lowered_text",
-    "serialize_compiled",
+    "is_tracer",
+    "jit_disabled",
     "load_compiled",
+    "local_config",
+    "lowered_facts",
+    "lowered_text",
+    "make_dispatcher",
+    "ordered_effects",
+    "pickle_value",
+    "pytree_differences",
+    "pytree_node_functions",
+    "raise_floating_point_error",
+    "serialize_compiled",
+    "sharding_text",
+    "trace_context",
+    "trace_context_token",
+    "unpickle_value",
+    "uses_lapack",
+    "with_out_tree",
 ]
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")

@@ -5,7 +5,7 @@ XLA inlines every jitted callee and compiles it again inside each caller and at 
 signature, as a :func:`kiln.jit` executable (stored like any other entry), and the outer program
 calls that executable through a host callback, the mechanism ``equinox.internal.noinline`` uses.
 
-The call is a host callback (the first mechanism DESIGN.md lists; segmented execution is not
+The call is a host callback (segmented execution is not
 built, see docs/benchmarks.md). Its price is a device -> host -> device round trip per call,
 until a ``kiln.jit`` caller tiers up (``kiln._tier_up``: the program compiled with its calls
 inlined). Use it for sub-functions that are expensive to compile and called from many programs
@@ -18,352 +18,22 @@ batched function, one per set of batched arguments).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.extend.core as jex
 import numpy as np
-from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
 
-from . import _jax_compat, _stats
+from . import _api
 from ._errors import KilnError
+from ._noinline_p import DERIVE, _Sub, avals_of, derived_name, noinline_p, split_linear
 
 __all__ = ["noinline", "NoinlineFunction", "DynamicNoinline"]
-
-noinline_p = Primitive("kiln_noinline")
-noinline_p.multiple_results = True
-
-
-class _Sub:
-    """One flat function ``(*leaves) -> list of leaves`` with its own kiln.jit executable."""
-
-    def __init__(
-        self, flat_fun: Callable[..., list[Any]], name: str, module: str, *, tier_up: bool = True
-    ) -> None:
-        from ._jit import jit
-
-        self.flat_fun = flat_fun
-        self.name = name
-        self.module = module
-        self.tier_up = tier_up
-        # named after the user's function, so `kiln ls` shows e.g. model.vf[noinline jvp]
-        flat_fun.__name__ = flat_fun.__qualname__ = name  # type: ignore[attr-defined]
-        flat_fun.__module__ = module
-        self.jit = jit(flat_fun)
-        # its callers tier up; the sub-function's own executable stays as it is
-        self.jit._tier_up = False
-        self._jaxprs: dict[tuple[Any, ...], Any] = {}
-        self._inline_fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
-        self._sizes: dict[tuple[Any, ...], int] = {}
-        self._derived: dict[Any, _Sub] = {}
-        self._lock = threading.Lock()
-
-    def jaxpr(self, in_avals: Sequence[Any]) -> Any:
-        """The closed jaxpr of this function at ``in_avals`` (traced once per signature)."""
-        key = tuple(in_avals)
-        got = self._jaxprs.get(key)
-        if got is None:
-            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
-            got = self._jaxprs[key] = jax.make_jaxpr(self.flat_fun)(*structs)
-        return got
-
-    def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
-        return [jax.core.ShapedArray(o.shape, o.dtype) for o in self.jaxpr(in_avals).out_avals]
-
-    def effects(self, in_avals: Sequence[Any]) -> Any:
-        """The side effects of this function (``jax.debug.print``, ``io_callback``), which the
-        noinline call carries, so it is never dead-code eliminated.
-
-        Raises:
-            KilnError: ordered effects, which cannot cross a separately compiled call.
-        """
-        effects = self.jaxpr(in_avals).effects
-        ordered = _jax_compat.ordered_effects(effects)
-        if ordered:
-            raise KilnError(
-                f"kiln.noinline: {self.name} has ordered side effects "
-                f"({', '.join(sorted({type(e).__name__ for e in ordered}))}); a separately "
-                "compiled function cannot take part in their ordering. Drop ordered=True "
-                "(jax.debug.print / io_callback), or do not make this function noinline"
-            )
-        return effects
-
-    def inline_fn(self, in_avals: Sequence[Any]) -> Callable[..., Any]:
-        """A ``jax.jit`` of this function's jaxpr: what tier-up lowers in place of the callback
-        (one outlined function per program, like a nested ``jax.jit``)."""
-        key = tuple(in_avals)
-        got = self._inline_fns.get(key)
-        if got is None:
-            run = jex.jaxpr_as_fun(self.jaxpr(in_avals))
-
-            def inlined(*xs: Any) -> Any:
-                return run(*xs)
-
-            inlined.__name__ = inlined.__qualname__ = self.name.replace("[noinline", "[inlined")
-            got = self._inline_fns[key] = jax.jit(inlined)
-        return got
-
-    def inlined_size(self, in_avals: Sequence[Any]) -> int:
-        """Equations in this function once every tier-up noinline call in it is inlined."""
-        key = tuple(in_avals)
-        got = self._sizes.get(key)
-        if got is None:
-            got = self._sizes[key] = inlined_size(self.jaxpr(in_avals).jaxpr)
-        return got
-
-    def derived(self, key: Any, make: Callable[[], _Sub]) -> _Sub:
-        with self._lock:
-            sub = self._derived.get(key)
-            if sub is None:
-                sub = self._derived[key] = make()
-            return sub
-
-    def __call__(self, *leaves: Any) -> list[Any]:
-        return list(self.jit(*leaves))
-
-    def __kiln_digest__(self) -> str:
-        """What this function computes, for the keys of functions derived from it."""
-        from ._fingerprint import fingerprint
-
-        fp = fingerprint(self.flat_fun)
-        if not fp.sound:
-            from ._hashing import Unpersistable
-
-            raise Unpersistable(f"noinline function {self.name}: {fp.reason}")
-        return f"{self.name}:{fp.digest}"
-
-
-def _derived_name(name: str, what: str) -> str:
-    """``vf[noinline]`` -> ``vf[noinline jvp]`` -> ``vf[noinline jvp transpose]``."""
-    return f"{name[:-1]} {what}]"
-
-
-# -- primitive rules ---------------------------------------------------------------------------
-def _impl(*args: Any, fn: _Sub) -> list[Any]:
-    return fn(*args)
-
-
-def _abstract_eval(*avals: Any, fn: Any) -> tuple[list[Any], Any]:
-    in_avals = _avals(avals)
-    return fn.out_avals(in_avals), fn.effects(in_avals)
-
-
-def _avals(avals: Sequence[Any]) -> list[Any]:
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in avals]
-
-
-def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
-    if fn.tier_up and getattr(_inlining, "on", False):
-        # tier-up (kiln._tier_up): the sub-function's own jaxpr, as a nested jax.jit would be
-        inline = fn.inline_fn(_avals(ctx.avals_in))
-        return mlir.lower_fun(inline, multiple_results=True)(ctx, *args)
-
-    # ``mlir.emit_python_callback`` (what equinox's noinline uses) rather than
-    # ``jax.pure_callback``: measured here, 295 us vs 109 us per call of a tiny sub-function,
-    # since pure_callback adds its own argument conversion and device context per call
-    def host(*xs: Any) -> list[np.ndarray]:
-        _stats.bump(noinline_calls=1)
-        return [np.asarray(o) for o in fn(*xs)]
-
-    effects = fn.effects(_avals(ctx.avals_in))
-    result, _, keepalive = mlir.emit_python_callback(
-        ctx, host, None, list(args), ctx.avals_in, ctx.avals_out,
-        has_side_effect=bool(effects), sharding=None,
-    )
-    ctx.module_context.add_keepalive(keepalive)
-    return result
-
-
-# -- tier-up support ----------------------------------------------------------------------------
-_inlining = threading.local()
-
-
-@contextlib.contextmanager
-def inlining() -> Iterator[None]:
-    """Lower ``kiln_noinline`` calls (of functions with ``tier_up=True``) inline, in this
-    thread, for the duration of the block."""
-    before = getattr(_inlining, "on", False)
-    _inlining.on = True
-    try:
-        yield
-    finally:
-        _inlining.on = before
-
-
-def inlined_size(jaxpr: Any) -> int:
-    """Equations of ``jaxpr`` once its tier-up noinline calls are inlined, counting each call
-    site (XLA inlines every call): a recursive ``fib(t)`` grows exponentially with ``t``."""
-    total = 0
-    for eqn in _jax_compat.eqns_in(jaxpr):
-        fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
-        if fn is not None and fn.tier_up:
-            total += fn.inlined_size(_avals([v.aval for v in eqn.invars]))
-        else:
-            total += 1
-    return total
-
-
-def called_names(jaxpr: Any) -> list[str]:
-    """``module.name`` of every noinline function ``jaxpr`` calls directly (as their entries
-    are named in the store; ``(argument)`` for functions passed as arguments), for ``kiln ls``."""
-    names = set()
-    for eqn in _jax_compat.eqns_in(jaxpr):
-        fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
-        if isinstance(fn, _Sub):
-            names.add(f"{fn.module}.{fn.name}")
-        elif isinstance(fn, _Dispatch):
-            module = getattr(fn.template._fun, "__module__", None) or "__main__"
-            names.add(f"{module}.{fn.name} (argument)")
-    return sorted(names)
-
-
-def separate_size(jaxpr: Any) -> int:
-    """Equations compiled when ``jaxpr``'s tier-up noinline calls stay calls: its own (each call
-    one equation) plus each distinct noinline function's, once."""
-    return sum(1 for _ in _jax_compat.eqns_in(jaxpr)) + sum(
-        sum(1 for _ in _jax_compat.eqns_in(sub.jaxpr)) for _, sub in calls_in(jaxpr)
-    )
-
-
-def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
-    """``(sub-function, its closed jaxpr)`` for every tier-up noinline function that inlining
-    ``jaxpr`` would bring in, nested calls included (each once)."""
-    out: dict[tuple[int, tuple[Any, ...]], tuple[_Sub, Any]] = {}
-    stack = [jaxpr]
-    while stack:
-        for eqn in _jax_compat.eqns_in(stack.pop()):
-            fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
-            if fn is None or not fn.tier_up:
-                continue
-            avals = tuple(_avals([v.aval for v in eqn.invars]))
-            if (id(fn), avals) not in out:
-                closed = fn.jaxpr(avals)
-                out[(id(fn), avals)] = (fn, closed)
-                stack.append(closed.jaxpr)
-    return list(out.values())
-
-
-def _jvp_sub(fn: _Sub, n: int) -> _Sub:
-    """The tangent part of ``fn`` (``n`` primals): ``(*primals, *tangents) -> tangents_out``."""
-
-    def make() -> _Sub:
-        def tangent_part(*pt: Any) -> list[Any]:
-            _, t_out = jax.jvp(fn.flat_fun, tuple(pt[:n]), tuple(pt[n:]))
-            return list(t_out)
-
-        return _Sub(tangent_part, _derived_name(fn.name, "jvp"), fn.module, tier_up=fn.tier_up)
-
-    return fn.derived("jvp", make)
-
-
-def _transpose_sub(fn: _Sub, linear: tuple[bool, ...], lin_shapes: tuple[Any, ...]) -> _Sub:
-    """The transpose of ``fn`` in its ``linear`` arguments: ``(*known, *cts) -> cts_linear``."""
-    n_known = len(linear) - len(lin_shapes)
-
-    def make() -> _Sub:
-        def transposed(*kc: Any) -> list[Any]:
-            k, c = kc[:n_known], kc[n_known:]
-
-            def of_linear(*lin_args: Any) -> list[Any]:
-                it_k, it_l = iter(k), iter(lin_args)
-                full = [next(it_l) if lin else next(it_k) for lin in linear]
-                return fn.flat_fun(*full)
-
-            # linear_transpose rather than a vjp at zeros: the jvp of a custom_vjp function
-            # (diffrax's checkpointed loops) is a custom_lin, transposable, not differentiable
-            structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in lin_shapes]
-            return list(jax.linear_transpose(of_linear, *structs)(list(c)))
-
-        return _Sub(transposed, _derived_name(fn.name, "transpose"), fn.module, tier_up=fn.tier_up)
-
-    return fn.derived(("transpose", linear, lin_shapes), make)
-
-
-def _vmap_sub(fn: _Sub, axes: tuple[int | None, ...]) -> _Sub:
-    """``fn`` batched along axis 0 of the arguments whose ``axes`` entry is 0."""
-
-    def make() -> _Sub:
-        def batched(*xs: Any) -> Any:
-            return jax.vmap(fn.flat_fun, in_axes=axes)(*xs)
-
-        name = _derived_name(fn.name, f"vmap{list(axes)}")
-        return _Sub(batched, name, fn.module, tier_up=fn.tier_up)
-
-    return fn.derived(("vmap", axes), make)
-
-
-_DERIVE: dict[str, Callable[..., _Sub]] = {
-    "jvp": _jvp_sub, "transpose": _transpose_sub, "vmap": _vmap_sub,
-}
-
-
-def _jvp(primals: Sequence[Any], tangents: Sequence[Any], *, fn: Any) -> Any:
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    # primal and tangent outputs are separate binds, so reverse mode can linearize (the tangent
-    # bind is linear in the tangents and gets transposed below)
-    primal_out = noinline_p.bind(*primals, fn=fn)
-    if isinstance(fn, _Dispatch):  # the handle (first operand) has no tangent
-        handle, xs = primals[0], primals[1:]
-        d = fn.derived(("jvp", len(xs)))
-        return primal_out, noinline_p.bind(handle, *xs, *tangents[1:], fn=d)
-    jvp_fn = _jvp_sub(fn, len(primals))
-    return primal_out, noinline_p.bind(*primals, *tangents, fn=jvp_fn)
-
-
-def _split_linear(args: Sequence[Any]) -> tuple[tuple[bool, ...], list[Any], tuple[Any, ...]]:
-    linear = tuple(ad.is_undefined_primal(a) for a in args)
-    known = [a for a, lin in zip(args, linear, strict=True) if not lin]
-    lin_shapes = tuple(
-        (tuple(a.aval.shape), str(a.aval.dtype))
-        for a, lin in zip(args, linear, strict=True) if lin
-    )
-    return linear, known, lin_shapes
-
-
-def _transpose(cts: Sequence[Any], *args: Any, fn: Any) -> list[Any]:
-    cts = [ad.instantiate_zeros(c) for c in cts]
-    if isinstance(fn, _Dispatch):
-        handle, rest = args[0], args[1:]
-        linear, known, lin_shapes = _split_linear(rest)
-        t_fn = fn.derived(("transpose", linear, lin_shapes))
-        ct_lin = iter(noinline_p.bind(handle, *known, *cts, fn=t_fn))
-        return [None] + [next(ct_lin) if lin else None for lin in linear]
-    linear, known, lin_shapes = _split_linear(args)
-    ct_lin = iter(noinline_p.bind(*known, *cts, fn=_transpose_sub(fn, linear, lin_shapes)))
-    return [next(ct_lin) if lin else None for lin in linear]
-
-
-def _batch(args: Sequence[Any], dims: Sequence[Any], *, fn: Any) -> Any:
-    args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
-            for a, d in zip(args, dims, strict=True)]
-    axes = tuple(None if d is None else 0 for d in dims)  # None: not batched
-    if isinstance(fn, _Dispatch):
-        if axes[0] is not None:
-            raise KilnError(
-                f"jax.vmap over a batch of noinline functions ({fn.name}) is not supported: "
-                "map over the function's arguments, or call each function separately"
-            )
-        outs = noinline_p.bind(*args, fn=fn.derived(("vmap", axes[1:])))
-    else:
-        outs = noinline_p.bind(*args, fn=_vmap_sub(fn, axes))
-    return outs, [0] * len(outs)
-
-
-noinline_p.def_impl(_impl)
-noinline_p.def_effectful_abstract_eval(_abstract_eval)
-mlir.register_lowering(noinline_p, _lowering)
-ad.primitive_jvps[noinline_p] = _jvp
-ad.primitive_transposes[noinline_p] = _transpose
-batching.primitive_batchers[noinline_p] = _batch
-
 
 # -- public wrapper ---------------------------------------------------------------------------
 class _OutTree(dict[Any, Any]):
@@ -400,7 +70,7 @@ class NoinlineFunction:
             params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
             params = []
-        from ._jit import check_argnames
+        from ._args import check_argnames
 
         check_argnames(fun, params, [("static_argnames", n) for n in sorted(self._static_argnames)],
                        prefix="kiln.noinline: ")
@@ -452,12 +122,13 @@ class NoinlineFunction:
                     args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
                     result = fun(*args, **kwargs, **statics)
                     out_leaves, tree = jax.tree_util.tree_flatten(result)
-                    out[tuple(_avals([jax.typeof(x) for x in leaves]))] = tree
+                    out[tuple(avals_of([jax.typeof(x) for x in leaves]))] = tree
                     return out_leaves
 
                 name = f"{getattr(fun, '__qualname__', 'fun')}[noinline]"
                 module = getattr(fun, "__module__", None) or "__main__"
-                got = self._subs[key] = (_Sub(flat, name, module, tier_up=self._tier_up), out)
+                sub = _Sub(flat, name, module, _api.jit, tier_up=self._tier_up)
+                got = self._subs[key] = (sub, out)
             return got
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -488,10 +159,10 @@ class NoinlineFunction:
         )
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         sub, out = self._sub(treedef, statics, static_key)
-        avals = tuple(_avals([jax.typeof(x) for x in leaves]))
+        avals = tuple(avals_of([jax.typeof(x) for x in leaves]))
         tree = out.get(avals)
         if tree is None:
-            sub.out_avals(avals)  # traces the function at these avals: sets its output tree
+            sub.outavals_of(avals)  # traces the function at these avals: sets its output tree
             tree = out[avals]
         return leaves, (treedef, statics, static_key), sub, tree
 
@@ -619,20 +290,46 @@ class _Dispatch:
     def resolve(self, f: NoinlineFunction) -> _Sub:
         sub: _Sub = f._sub(*self.call)[0]
         for step in self.path:
-            sub = _DERIVE[step[0]](sub, *step[1:])
+            sub = DERIVE[step[0]](sub, *step[1:])
         return sub
 
-    def out_avals(self, in_avals: Sequence[Any]) -> list[Any]:
-        return self.resolve(self.template).out_avals(in_avals[1:])
+    def outavals_of(self, in_avals: Sequence[Any]) -> list[Any]:
+        return self.resolve(self.template).outavals_of(in_avals[1:])
 
     def effects(self, in_avals: Sequence[Any]) -> Any:
         return self.resolve(self.template).effects(in_avals[1:])
+
+    # -- the callee protocol (kiln._noinline_p): the handle (operand 0) has no tangent, no
+    # cotangent, and is never batched
+    def called_name(self) -> str:
+        module = getattr(self.template._fun, "__module__", None) or "__main__"
+        return f"{module}.{self.name} (argument)"
+
+    def bind_jvp(self, primals: Sequence[Any], tangents: Sequence[Any]) -> Any:
+        handle, xs = primals[0], primals[1:]
+        d = self.derived(("jvp", len(xs)))
+        return noinline_p.bind(handle, *xs, *tangents[1:], fn=d)
+
+    def bind_transpose(self, cts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
+        handle, rest = args[0], args[1:]
+        linear, known, lin_shapes = split_linear(rest)
+        t_fn = self.derived(("transpose", linear, lin_shapes))
+        ct_lin = iter(noinline_p.bind(handle, *known, *cts, fn=t_fn))
+        return [None] + [next(ct_lin) if lin else None for lin in linear]
+
+    def bind_batched(self, args: Sequence[Any], axes: tuple[int | None, ...]) -> Any:
+        if axes[0] is not None:
+            raise KilnError(
+                f"jax.vmap over a batch of noinline functions ({self.name}) is not supported: "
+                "map over the function's arguments, or call each function separately"
+            )
+        return noinline_p.bind(*args, fn=self.derived(("vmap", axes[1:])))
 
     def derived(self, step: tuple[Any, ...]) -> _Dispatch:
         with self._lock:
             got = self._derived.get(step)
             if got is None:
-                name = _derived_name(self.name, step[0] if step[0] != "vmap"
+                name = derived_name(self.name, step[0] if step[0] != "vmap"
                                      else f"vmap{list(step[1])}")
                 got = self._derived[step] = _Dispatch(
                     self.template, self.call, name, self.path + (step,)
@@ -643,8 +340,8 @@ class _Dispatch:
         f = _lookup(handle)
         sub = self.resolve(f)
         if f is not self.template:
-            avals = _avals([jax.typeof(x) for x in leaves])
-            want, got = self.resolve(self.template).out_avals(avals), sub.out_avals(avals)
+            avals = avals_of([jax.typeof(x) for x in leaves])
+            want, got = self.resolve(self.template).outavals_of(avals), sub.outavals_of(avals)
             if want != got:
                 raise KilnError(
                     f"kiln.noinline: {sub.name} returns {[str(a) for a in got]} where the "

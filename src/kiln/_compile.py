@@ -1,0 +1,769 @@
+"""The miss path of a kiln function: fingerprint and key, load from the store (digest, manifest,
+deserialize), or trace -> lower -> compile -> serialize -> store; and the tier-up policy (which
+programs compile their noinline calls inlined, directly or in the background).
+
+One :class:`_Miss` per in-process miss of one signature. It knows its function through the
+attributes ``kiln._jit.JitFunction`` gives it (``_fun``, ``_name``, ``_flat_jitted``, ...), and
+never imports ``_jit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+import types
+import warnings
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.extend.core as jex
+import numpy as np
+
+from . import _args, _explain, _jax_compat, _noinline_p, _stats
+from ._config import get_config
+from ._entry import decode, encode
+from ._errors import EntryError, StoreError, StoreWarning, VerifyError
+from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
+from ._key import environment_parts, make_key
+from ._progress import compiling
+from .stores import Store, open_store
+
+logger = logging.getLogger("kiln")
+
+
+class Program(Protocol):
+    """What the miss path reads of the function it compiles (``kiln._jit.JitFunction``)."""
+
+    _fun: Any
+    _name: str
+    _module: str
+    _positional: list[str]
+    _jit_options: dict[str, Any]
+    _in_shardings: Any
+    _out_shardings: Any
+    _filter: str | None
+    _tier_up: bool
+
+    def _param_name(self, where: Any) -> Any: ...
+
+    def _flat_jitted(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int, treedef: Any,
+                     static_leaves: dict[int, Any], static_key: tuple[Any, ...]) -> Any: ...
+
+    def _donated_leaves(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int, treedef: Any,
+                        static_leaves: dict[int, Any]) -> tuple[int, ...]: ...
+
+
+_tree_flatten = jax.tree_util.tree_flatten
+_STATIC_LEAF = _args.STATIC_LEAF
+
+
+_VERIFY_ONLY = object()
+
+
+class _Box(dict[Any, Any]):
+    """Non-array outputs of a flat jax.jit (kiln.filter_jit), per traced signature
+    (``_abstract_sig`` of its array leaves): ``(out_tree, {leaf index: value})``."""
+
+
+def _abstract_sig(leaves: Sequence[Any]) -> tuple[Any, ...]:
+    """(shape, dtype, weak_type) per traced leaf: which trace a function's non-array outputs
+    came from (one flat jax.jit serves every signature of a static configuration)."""
+    out = []
+    for x in leaves:
+        a = jax.typeof(x)  # a Python scalar as jax traces it (weakly typed)
+        out.append((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", a)),
+                    bool(getattr(a, "weak_type", False))))
+    return tuple(out)
+
+
+def _jit_option_text(v: Any) -> str:
+    """Canonical text of a jax.jit option for the key: a device by platform, kind and id; a
+    dict by sorted items."""
+    if isinstance(v, dict):
+        return repr(sorted((str(k), repr(x)) for k, x in v.items()))
+    if hasattr(v, "platform") and hasattr(v, "id"):
+        return f"{v.platform}:{getattr(v, 'device_kind', '?')}:{v.id}"
+    return repr(v)
+
+
+def _option_text(v: Any) -> str | None:
+    """Canonical text of ``in_shardings`` / ``out_shardings`` (a pytree of shardings): each
+    sharding by mesh, devices and partition spec (``_jax_compat.sharding_text``)."""
+    if v is None:
+        return None
+    leaves, tree = jax.tree_util.tree_flatten(v, is_leaf=lambda x: x is None)
+    texts = [
+        "None" if x is None else
+        _jax_compat.sharding_text(x) if isinstance(x, jax.sharding.Sharding) else repr(x)
+        for x in leaves
+    ]
+    return f"{tree}:{texts}"
+
+
+
+
+# Above this many equations once inlined (a recursive noinline function grows exponentially),
+# a program keeps calling its noinline functions instead of tiering up.
+MAX_EQUATIONS = 50_000
+
+# Compile the inlined program directly, with no host-callback tier first, when inlining makes
+# the program at most this many times larger than compiling its pieces separately (a small
+# vector field inside a big solver: the callbacks would only slow the first run down).
+DIRECT_RATIO = 2.0
+
+def structs(leaves: list[Any]) -> list[jax.ShapeDtypeStruct]:
+    """Abstract arguments of a program (sharded ones keep their sharding)."""
+    multi = jax.device_count() > 1
+    return [
+        jax.ShapeDtypeStruct(
+            x.shape, x.dtype, weak_type=jax.typeof(x).weak_type,
+            sharding=x.sharding if multi and isinstance(x, jax.Array) else None,
+        )
+        for x in leaves
+    ]
+
+
+def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
+    """``miss``'s traced jaxpr lowered with its noinline calls inlined (same calling convention
+    and donation as the first executable)."""
+    assert miss.traced is not None  # internal invariant
+    run = jex.jaxpr_as_fun(miss.traced.jaxpr)
+
+    def inlined(*leaves: Any) -> Any:
+        return run(*leaves)
+
+    # a fresh function, so jax's trace and lowering caches cannot hand back the first lowering
+    inlined.__name__ = inlined.__qualname__ = miss.jf._name
+    args_info = jax.tree_util.tree_leaves(miss.traced.args_info)
+    donate = tuple(i for i, a in enumerate(args_info) if a.donated)
+    with _noinline_p.inlining():
+        return jax.jit(inlined, donate_argnums=donate).trace(*args).lower()
+
+
+def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
+    """Compile ``miss``'s program with its noinline calls inlined, store it (header ``tier:
+    inlined``) under its fingerprint key, or on the verify path under the inlined module's key,
+    and return the callable executable."""
+    assert miss.traced is not None  # internal invariant
+    lowered = miss._inlined_lowering(args)
+    want, got = _arg_avals(miss.traced), _arg_avals(lowered)
+    if want != got:  # never swap in or store an executable of another signature
+        raise RuntimeError(f"inlined program takes {got}, the program {want}")
+    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.traced.out_tree)
+    seconds = time.perf_counter() - t0
+    _stats.bump(compiles=1, compile_seconds=seconds)
+    result, sections, mode = miss._serialize(compiled)
+    if sections is None:
+        return result
+    if miss.key is not None and miss.key == miss.fp_key:
+        # the inlined executable also depends on the noinline functions' own code
+        codes = set(miss.calls)
+        for _, sub_jaxpr in _noinline_p.calls_in(miss.traced.jaxpr.jaxpr):
+            codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
+        manifest, reason = manifest_for(codes, miss.fp, miss.imported)
+        if reason is not None:
+            miss._explain("tier-up", f"inlined program not stored: {reason}")
+            return result
+        key = miss.key
+    elif miss.inlined_key is not None:
+        # the verify path: keyed by this very inlined module, which holds all of the code
+        key, manifest = miss.inlined_key, None
+    else:
+        return result
+    header = miss._header(mode, manifest, seconds, seconds)
+    # the digest of what was compiled: a warm process checks it (audit mode, callbacks
+    # rebuilt by tracing) against its own inlined lowering
+    header["lowered"], header["lapack"] = miss.inlined_digest, miss.inlined_lapack
+    header["tier"] = "inlined"
+    miss._put(key, header, sections)
+    return result
+
+
+def _arg_avals(stage: jax.stages.Traced | jax.stages.Lowered) -> list[str]:
+    return [str(a._aval) for a in jax.tree_util.tree_leaves(stage.args_info)]
+
+
+
+
+def _is_static_output(x: Any, depth: int = 4) -> bool:
+    """Whether a non-array output leaf can be returned outside the executable (as
+    ``equinox.filter_jit`` does): not an iterator or generator, and holding no tracer (a
+    traced value inside a Python object would leak out of the trace)."""
+    if _jax_compat.is_tracer(x):
+        return False
+    if isinstance(x, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType) or (
+        hasattr(x, "__next__") and hasattr(x, "__iter__")
+    ):
+        return False
+    if depth == 0:
+        return True
+    if isinstance(x, list | tuple | set | frozenset):
+        return all(_is_static_output(v, depth - 1) for v in x)
+    if isinstance(x, dict):
+        return all(_is_static_output(v, depth - 1) for v in x.values())
+    state = getattr(x, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(x, type | types.ModuleType | types.FunctionType):
+        return all(_is_static_output(v, depth - 1) for v in state.values())
+    return True
+
+
+
+
+def _with_static_outputs(compiled: Any, out_tree: Any, static_out: dict[int, Any]) -> Any:
+    """Wrap an executable whose non-JAX outputs were split off at trace time."""
+    n = out_tree.num_leaves
+
+    def call(*leaves: Any) -> Any:
+        it = iter(compiled(*leaves))
+        return out_tree.unflatten([static_out[i] if i in static_out else next(it)
+                                   for i in range(n)])
+
+    return call
+
+
+
+
+def _aval_text(sig: Any) -> str:
+    """``float32[3]``, ``float32[]~weak``, ``python-float``: canonical, used in keys."""
+    if isinstance(sig, type):
+        return f"python-{sig.__name__}"
+    sharding = ""
+    if isinstance(sig, tuple):  # (aval, sharding) when there are several devices
+        sig, sharding = sig[0], f"@{_jax_compat.sharding_text(sig[1])}"
+    weak = "~weak" if sig.weak_type else ""
+    return f"{sig.dtype}{list(sig.shape)}{weak}{sharding}"
+
+
+
+
+def _treedef_parts(treedef: Any) -> tuple[str, list[tuple[str, Any]]]:
+    """(structure text with node types only, [(name, aux data)] for the fingerprint)."""
+    aux: list[tuple[str, Any]] = []
+
+    def walk(t: Any, path: str) -> str:
+        data = t.node_data()
+        if data is None:
+            return "*"
+        typ, node_aux = data
+        kids = [walk(c, f"{path}/{i}") for i, c in enumerate(t.children())]
+        if typ not in (tuple, list, dict, type(None)):
+            aux.append((f"pytree-aux{path}", (typ, node_aux)))
+        elif typ is dict:
+            aux.append((f"pytree-keys{path}", tuple(node_aux)))
+        return f"{typ.__module__}.{typ.__qualname__}({','.join(kids)})"
+
+    return walk(treedef, ""), aux
+
+
+_KILN_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# Stores (by URL) that already gave this process its one warning (see _Miss._store_fault).
+_faulted_stores: set[str] = set()
+_faulted_lock = threading.Lock()
+
+
+def _user_stacklevel() -> int:
+    """stacklevel for warnings.warn that points at the first frame outside kiln and jax."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        f = frame.f_code.co_filename
+        if not (f.startswith(_KILN_DIR) or f"{os.sep}jax{os.sep}" in f or f"{os.sep}jaxlib" in f):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return 1
+
+
+
+
+# Static values whose digest is all there is to them (no code, no class behind them).
+_PLAIN_STATIC = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic,
+                 jax.Array)
+
+
+class _Miss:
+    """One in-process miss: load from the store or compile, then store."""
+
+    def __init__(
+        self,
+        jf: Program,
+        dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any],
+        statics: tuple[tuple[Any, Any], ...],
+        static_key: tuple[Any, ...],
+        treedef: Any,
+        sigs: tuple[Any, ...],
+    ) -> None:
+        self.jf = jf
+        self.cfg = cfg = get_config()
+        all_leaves = treedef.flatten_up_to((dyn_args, dyn_kwargs))
+        static_leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, sigs, strict=True))
+                         if s is _STATIC_LEAF}
+        self.leaves = [x for i, x in enumerate(all_leaves) if i not in static_leaves]
+        self.inner, self.jitted, box = jf._flat_jitted(
+            statics, len(dyn_args), treedef, static_leaves, static_key
+        )
+        self.box, self.box_sig = box, _abstract_sig(self.leaves)
+        sigs = tuple(s for s in sigs if s is not _STATIC_LEAF)
+        arg_statics = statics
+        statics = statics + tuple((("leaf", i), x) for i, x in static_leaves.items())
+        self.store: Store = open_store(cfg)
+        self.lowered: jax.stages.Lowered | None = None
+        self.traced: jax.stages.Traced | None = None
+        # tier-up (kiln._tier_up): set when this program calls kiln.noinline functions and its
+        # inlined form should be compiled in the background; key / manifest of the entry
+        self.tier_up = False
+        self.key: str | None = None
+        self.fp_key: str | None = None
+        self.inlined_size = 0  # equations once its noinline calls are inlined
+        self.lowered_digest: str | None = None
+        self.lapack = True
+        # the inlined form's lowering (tier-up), and its key on the verify path
+        self.inlined_lowered: jax.stages.Lowered | None = None
+        self.inlined_digest: str | None = None
+        self.inlined_lapack = True
+        self.inlined_key: str | None = None
+        self.candidate: bool | None = None  # memos of _tier_up_candidate, _inline_directly
+        self.direct: bool | None = None
+        self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
+        self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
+        self.trace_seconds = 0.0
+        structure, aux = _treedef_parts(treedef)
+        self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
+        extra = list(aux)
+        self.unsound: str | None = None
+        static_parts = []
+        values = {jf._param_name(where): value for where, value in statics}
+        leaf_paths = (_args.leaf_paths(jf._positional, dyn_args, dyn_kwargs, statics)
+                      if static_leaves else [])
+        self.static_text = []
+        for keyname, digest in static_key:
+            value = values[keyname]
+            if isinstance(keyname, str):
+                name = keyname
+            else:
+                i = keyname[1]
+                name = f"leaf {leaf_paths[i] if i < len(leaf_paths) else i}"
+            if isinstance(digest, tuple):
+                # callables are fingerprinted by code in the walk below; others are unsound
+                if not callable(value):
+                    self.unsound = (
+                        f"static argument {name} ({type(value).__name__}) has no canonical "
+                        "digest, so kiln cannot tell whether a stored executable was built for "
+                        "it; give its class a __kiln_digest__ method or make it a frozen "
+                        "dataclass of plain values"
+                    )
+                digest = "see-fingerprint"
+            if not isinstance(value, _PLAIN_STATIC):
+                # a static value is walked with the function's code, each one: a function's
+                # code and closure, a dataclass's methods and class variables count too
+                extra.append((f"static:{name}", value))
+            static_parts.append((f"static:{name}", str(digest)))
+            self.static_text.append(
+                f"{name}=(by code)" if digest == "see-fingerprint" else f"{name}={str(digest)[:8]}"
+            )
+        if self.static_text:
+            self.signature += "; static " + ", ".join(self.static_text)
+        self.modules_before = set(sys.modules)  # what the static walk below can see
+        t0 = time.perf_counter()
+        self.fp = fingerprint(jf._fun, extra=extra)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        if not self.fp.sound and self.unsound is None:
+            self.unsound = self.fp.reason
+        self.base_parts = environment_parts() + [
+            ("function", f"{jf._module}.{jf._name}"),
+            ("signature", f"{structure} :: {avals_text}"),
+            *static_parts,
+            *[(f"jit:{k}", _jit_option_text(v)) for k, v in sorted(jf._jit_options.items())],
+            *[(f"jit:{k}", str(_option_text(v))) for k, v in
+              (("in_shardings", jf._in_shardings), ("out_shardings", jf._out_shardings))
+              if v is not None],
+        ]
+        donated = jf._donated_leaves(arg_statics, len(dyn_args), treedef,
+                                     static_leaves)
+        if donated:
+            # a donating executable deletes its inputs: never served to a call that keeps them
+            self.base_parts.append(("jit:donated-leaves", str(list(donated))))
+        if jf._filter is not None:
+            # equinox's contract (non-array outputs outside the executable)
+            self.base_parts.append(("jit:contract", "filter_jit"))
+        self.fp_parts = [("fingerprint", self.fp.digest)]
+        self.memory_reason: tuple[str, str] | None = None
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _log_memory_reason(self) -> None:
+        """Say why this call missed in process, once, and only when kiln will not hit."""
+        if self.memory_reason is not None:
+            _explain.explain(*self.memory_reason, explain_on=self.cfg.explain)
+            self.memory_reason = None
+
+    def _warn(self, message: str, then: str) -> None:
+        """A bad entry: a warning pointing at the user's call (``then`` says what kiln does
+        next), or with ``KILN_STRICT=1`` a :class:`StoreError`."""
+        if self.cfg.strict:
+            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
+                             "and recompile)")
+        warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=_user_stacklevel())
+
+    def _store_fault(self, doing: str, e: BaseException) -> None:
+        """The store itself failed (I/O, its index, a refused directory): counted; one warning
+        per store per process, then quiet (the program goes on compiling in memory); with
+        ``KILN_STRICT=1`` a :class:`StoreError`."""
+        _stats.bump(store_errors=1)
+        message = f"kiln: cannot {doing} store {self.store.url!r} ({e})"
+        if self.cfg.strict:
+            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
+                             "once and go on without the store)") from None
+        with _faulted_lock:
+            if self.store.url in _faulted_stores:
+                logger.debug("%s", message)
+                return
+            _faulted_stores.add(self.store.url)
+        warnings.warn(
+            f"{message}; compiling in memory (further problems with this store are counted in "
+            "kiln.stats().store_errors, not repeated)", StoreWarning,
+            stacklevel=_user_stacklevel(),
+        )
+
+    def _explain(self, kind: str, message: str) -> None:
+        _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
+
+    def _trace(self) -> jax.stages.Traced:
+        if self.traced is None:
+            t0 = time.perf_counter()
+            with TraceRecorder(self.modules_before) as recorded:
+                traced = self.traced = self.jitted.trace(*self.leaves)
+            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorded.codes
+            self.imported = recorded.imported
+            _stats.bump(traces=1)
+            self.trace_seconds += time.perf_counter() - t0
+        return self.traced
+
+    def _trace_lower(self) -> jax.stages.Lowered:
+        """The program as traced, lowered with its noinline calls not inlined (the canonical
+        lowering: its digest is the verify path's key)."""
+        if self.lowered is None:
+            traced = self._trace()
+            t0 = time.perf_counter()
+            self.lowered = traced.lower()
+            self.lowered_digest, self.lapack = _jax_compat.lowered_facts(self.lowered)
+            self.trace_seconds += time.perf_counter() - t0
+        return self.lowered
+
+    def _inlined_lowering(self, args: list[Any] | None = None) -> jax.stages.Lowered:
+        """The program as traced, lowered with its noinline calls inlined (tier-up's form);
+        ``args``: its abstract arguments, when the leaves may be gone (donated)."""
+        if self.inlined_lowered is None:
+            self._trace()
+            lowered = lower_inlined(self, args or structs(self.leaves))
+            self.inlined_digest, self.inlined_lapack = _jax_compat.lowered_facts(lowered)
+            self.inlined_lowered = lowered
+        return self.inlined_lowered
+
+    def _lowering_of(self, inlined: bool) -> jax.stages.Lowered:
+        """A fresh lowering of the program, with its noinline calls inlined (the form of a
+        tier-up's entry) or not."""
+        return self._inlined_lowering() if inlined else self._trace_lower()
+
+    def _verify_key(self, inlined: bool = False) -> str:
+        """The key of the verify path: the lowered module's digest, of the inlined form for
+        an entry of tier-up's form (that form holds the noinline functions' code too)."""
+        if inlined:
+            self._inlined_lowering()
+            return make_key(self.base_parts + [("lowered-inlined", str(self.inlined_digest))])
+        self._trace_lower()
+        return make_key(self.base_parts + [("lowered", str(self.lowered_digest))])
+
+    def _verify_path(self, t_start: float) -> Any:
+        """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
+        self._trace()
+        if self.cfg.tier_up and self._tier_up_candidate():
+            # its inlined form (compiled directly or by a tier-up) is stored under its own key
+            self.inlined_key = self._verify_key(inlined=True)
+            got = self._load(self.inlined_key, t_start)
+            if got is not None and got is not _VERIFY_ONLY:
+                return got
+            if self._inline_directly():
+                return self._compile_and_store(self.inlined_key, None, t_start)
+        vkey = self._verify_key()
+        got = self._load(vkey, t_start)
+        if got is not None and got is not _VERIFY_ONLY:
+            return got
+        return self._compile_and_store(vkey, None, t_start)
+
+    # -- the flow -----------------------------------------------------------------------------
+    def run(self) -> Any:
+        t_start = time.perf_counter()
+        fp_key = None if self.unsound else make_key(self.base_parts + self.fp_parts)
+        self.fp_key = fp_key
+        if fp_key is not None:
+            got = self._load(fp_key, t_start)
+            if got is not None and got is not _VERIFY_ONLY:
+                return got
+            if got is _VERIFY_ONLY:
+                self.unsound = "manifest could not be fingerprinted (recorded on the first run)"
+        if self.unsound is not None:
+            self._explain("verify-path", f"taking the verify path: {self.unsound}")
+            return self._verify_path(t_start)
+        self._trace()
+        t0 = time.perf_counter()
+        manifest, reason = manifest_for(self.calls, self.fp, self.imported)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        assert fp_key is not None  # internal invariant: the fingerprint was sound
+        if reason is not None:
+            self._explain("verify-path", f"taking the verify path: {reason}")
+            marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
+                      "signature": self.signature, "reason": reason, "created": time.time()}
+            self._put(fp_key, marker, {})
+            return self._verify_path(t_start)
+        return self._compile_and_store(fp_key, manifest, t_start)
+
+    def _load(self, key: str, t_start: float) -> Any:
+        try:
+            blob = self.store.get(key)
+        except (OSError, StoreError) as e:
+            self._store_fault("read", e)
+            return None
+        if blob is None:
+            self._log_memory_reason()
+            self._explain_persistent_miss(key)
+            return None
+        try:
+            entry = decode(blob, signing_key=self.cfg.signing_key)
+            if entry.header.get("key") != key:
+                # a valid entry stored under another key (a swapped or copied file)
+                raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
+        except EntryError as e:
+            _stats.bump(bad_entries=1)
+            self._warn(
+                f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} is unusable "
+                f"({e})", "recompiling and replacing it",
+            )
+            return None
+        header = entry.header
+        if header.get("kind") == "verify-only":
+            return _VERIFY_ONLY
+        if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._tier_up:
+            # stored before its inlined form was ready: tier up in this process
+            self.tier_up, self.key = True, key
+        t0 = time.perf_counter()
+        changed = check_manifest(header.get("manifest") or [])
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        if changed is not None:
+            self._explain("manifest", f"stored entry is stale: {changed}")
+            return None
+        t0 = time.perf_counter()
+        callbacks = None
+        # the form the entry was compiled from (its "lowered" digest is of that form): an
+        # inlined entry (tier-up) has other host callbacks than the not-inlined lowering
+        inlined_form = header.get("tier") == "inlined"
+        if header.get("callbacks") == "trace" or self.cfg.verify:
+            lowered = self._lowering_of(inlined_form)
+            digest = self.inlined_digest if inlined_form else self.lowered_digest
+            if digest != header.get("lowered"):
+                if self.cfg.verify:
+                    raise VerifyError(
+                        f"KILN_VERIFY: stored entry {key[:12]} of {self.jf._name} does not match "
+                        f"a fresh lowering (stored module {str(header.get('lowered'))[:12]}, "
+                        f"now {str(digest)[:12]}); kiln's key missed a change. "
+                        "Please report this with KILN_EXPLAIN=1 output."
+                    )
+                self._explain("lowered", "stored module differs from the fresh lowering")
+                return None
+            callbacks = _jax_compat.host_callbacks(lowered)
+        out_tree = None
+        static_out = None
+        if self.traced is not None:
+            # Traced in this process (verify path, audit, unpicklable callbacks): what the
+            # lowered module does not hold (host callables, non-array outputs, the output
+            # tree) comes from this trace, never from the entry.
+            if callbacks is None:
+                callbacks = _jax_compat.host_callbacks(self._lowering_of(inlined_form))
+            out_tree = self.traced.out_tree
+            static_out = self.box.get(self.box_sig)
+            if ("static_out" in entry.sections) != (static_out is not None):
+                self._explain("lowered", "stored entry's outputs differ from the fresh trace")
+                return None
+        try:
+            compiled = _jax_compat.load_compiled(
+                entry.sections, callbacks, out_tree, lapack=bool(header.get("lapack", True))
+            )
+            if "static_out" in entry.sections:
+                if static_out is None:
+                    static_out = _jax_compat.unpickle_value(entry.sections["static_out"])
+                compiled = _with_static_outputs(compiled, *static_out)
+        except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
+            _stats.bump(bad_entries=1)
+            self._warn(
+                f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
+                f"({type(e).__name__}: {e})", "recompiling and replacing it",
+            )
+            return None
+        load_s = time.perf_counter() - t0
+        _stats.bump(hits=1, load_seconds=load_s,
+                      saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
+        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
+        return compiled
+
+    def _explain_persistent_miss(self, key: str) -> None:
+        if not (self.cfg.explain or logger.isEnabledFor(logging.DEBUG)):
+            return
+        fname = f"{self.jf._module}.{self.jf._name}"
+        best: list[str] | None = None
+        try:
+            for other in self.store.iter():
+                header = self.store.header(other)
+                if not header or header.get("function") != fname:
+                    continue
+                if header.get("kind") != "executable":  # a verify-only marker: no key parts
+                    continue
+                diff = _explain.diff_parts(
+                    [p for p in self.base_parts if p[0] != "signature"] + list(self.fp.parts),
+                    [p for p in header.get("key_parts", []) if p[0] != "signature"]
+                    + header.get("fp_parts", []),
+                )
+                # the argument avals (static values are key parts of their own, diffed above)
+                old_avals = str(header.get("signature")).split("; static ")[0]
+                avals = self.signature.split("; static ")[0]
+                if old_avals != avals:
+                    diff.insert(0, f"argument types: {old_avals} -> {avals}")
+                if best is None or len(diff) < len(best):
+                    best = diff
+        except (OSError, StoreError):
+            best = None
+        if best is None:
+            self._explain("persistent-miss", f"no stored entry for {fname} ({self.signature})")
+        else:
+            self._explain("persistent-miss",
+                          "closest stored entry differs in: " + "; ".join(best[:8]))
+
+    def _tier_up_candidate(self) -> bool:
+        """Whether this (traced) program calls kiln.noinline functions that tier-up would
+        inline (and is small enough once inlined); whether tier-up is on is separate."""
+        if self.candidate is None:
+            self.candidate = self._is_tier_up_candidate()
+        return self.candidate
+
+    def _is_tier_up_candidate(self) -> bool:
+        if not self.jf._tier_up or self.traced is None:
+            return False
+        jaxpr = self.traced.jaxpr.jaxpr
+        if not _noinline_p.calls_in(jaxpr):
+            return False
+        size = self.inlined_size = _noinline_p.inlined_size(jaxpr)
+        if size > MAX_EQUATIONS:
+            self._explain(
+                "tier-up",
+                f"no tier-up: inlined, the program would have {size} equations (more than "
+                f"{MAX_EQUATIONS}); it keeps calling its noinline functions",
+            )
+            return False
+        return True
+
+    def _inline_directly(self) -> bool:
+        """Whether to skip the host-callback tier: inlining the noinline calls makes the program
+        at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
+        if self.direct is None:
+            self.direct = self._is_inline_directly()
+        return self.direct
+
+    def _is_inline_directly(self) -> bool:
+        assert self.traced is not None  # internal invariant: called after tracing
+        inlined = self.inlined_size  # set by _tier_up_candidate
+        separate = _noinline_p.separate_size(self.traced.jaxpr.jaxpr)
+        if inlined > DIRECT_RATIO * separate:
+            return False
+        self._explain(
+            "tier-up",
+            f"compiling the program inlined directly: inlined it has {inlined} equations, "
+            f"its separately compiled pieces {separate}",
+        )
+        return True
+
+    def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
+        self._log_memory_reason()
+        self._trace()
+        self.key = key
+        candidate = self._tier_up_candidate()
+        self.tier_up = candidate and self.cfg.tier_up
+        if self.tier_up and self._inline_directly():
+            # lowered once, inlined: the not-inlined lowering is never made
+            self.tier_up = False
+            with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
+                result = compile_and_store_inlined(
+                    self, structs(self.leaves), t_start
+                )
+            _stats.bump(misses=1)
+            return result
+        lowered = self._trace_lower()
+        t0 = time.perf_counter()
+        with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
+            compiled = lowered.compile()
+        compile_s = time.perf_counter() - t0
+        total = time.perf_counter() - t_start
+        _stats.bump(misses=1, compiles=1, compile_seconds=total)
+        result, sections, mode = self._serialize(compiled)
+        if sections is None:
+            return result
+        header = self._header(mode, manifest, total, compile_s)
+        if candidate:
+            header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
+        self._put(key, header, sections)
+        return result
+
+    def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
+        """(the callable, its entry sections or None when it cannot be stored, callbacks mode).
+        Must run before the executable's first run (see ``serialize_compiled``)."""
+        static_out = self.box.get(self.box_sig)
+        result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
+        try:
+            sections, mode = _jax_compat.serialize_compiled(compiled)
+            if static_out is not None:
+                sections["static_out"] = _jax_compat.pickle_value(static_out)
+        except _jax_compat.Unserializable as e:
+            self._explain("unstorable", f"executable not stored: {e}")
+            return result, None, "none"
+        return result, sections, mode
+
+    def _header(
+        self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float
+    ) -> dict[str, Any]:
+        """The header of an executable entry (``manifest`` None: keyed by the lowered module)."""
+        header: dict[str, Any] = {
+            "kind": "executable",
+            "function": f"{self.jf._module}.{self.jf._name}",
+            "signature": self.signature,
+            "key_parts": [list(p) for p in self.base_parts],
+            "fp_parts": [list(p) for p in self.fp.parts] if manifest is not None else [],
+            "manifest": manifest or [],
+            "callbacks": mode,
+            "lowered": self.lowered_digest,
+            "lapack": self.lapack,
+            "compile_seconds": total,
+            "xla_compile_seconds": compile_s,
+            "trace_seconds": self.trace_seconds,
+            "created": time.time(),
+        }
+        called = [] if self.traced is None else _noinline_p.called_names(self.traced.jaxpr.jaxpr)
+        if called:
+            header["noinline"] = called  # for `kiln ls`: the noinline functions it calls
+        return header
+
+    def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
+        if key is None:
+            return
+        blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
+        try:
+            self.store.put(key, blob)
+        except (OSError, StoreError) as e:
+            self._store_fault("write to", e)
+            return
+        _stats.bump(stores_written=1)
+
+

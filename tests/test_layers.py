@@ -1,0 +1,47 @@
+"""kiln's modules in layers without cycles (issue 11): the import-linter contract in
+pyproject.toml holds, and jax's private modules are imported by kiln._jax_compat alone."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "kiln"
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module an ``import`` / ``from`` statement in ``path`` names, at any depth
+    (inside functions and under ``TYPE_CHECKING`` too)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module)
+    return out
+
+
+def test_only_jax_compat_imports_jax_private_modules() -> None:
+    offenders = {
+        str(p.relative_to(SRC)): [m for m in _imports(p) if m.startswith("jax._src")]
+        for p in SRC.rglob("*.py") if p.name != "_jax_compat.py"
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_layers_contract_holds() -> None:
+    pytest.importorskip("importlinter")
+    root = SRC.parent.parent
+    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command;"
+         " sys.exit(lint_imports_command())"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "1 kept, 0 broken" in proc.stdout
