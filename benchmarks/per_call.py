@@ -46,6 +46,8 @@ import numpy as np
 import kiln
 
 TARGET_KILN_VS_JAX = 1.3
+TARGET_STATIC_INT = 1.3  # issue 11: static arguments on the C++ path
+TARGET_STATIC_NUMPY = 2.0  # a static numpy float32[16], re-hashed on every call
 NBYTES = 64 * 2**20  # 64 MiB
 
 
@@ -161,12 +163,14 @@ def main(argv: list[str] | None = None) -> int:
 
     host_table = np.random.default_rng(0).standard_normal(NBYTES // 4, dtype=np.float32)
     dev_table = jax.block_until_ready(jnp.asarray(host_table))
+    small_table = np.arange(16, dtype=np.float32)
     kh = kiln.jit(h, static_argnames="table")
     jh = jax.jit(h, static_argnames="table")
     static = bench_group(
         {
             "kiln.jit static int": lambda: kh(x, table=12345),
             "jax.jit static int": lambda: jh(x, table=12345),
+            "kiln.jit static numpy float32[16]": lambda: kh(x, table=small_table),
             "kiln.jit static jax Array 64 MiB": lambda: kh(x, table=dev_table),
         },
         calls,
@@ -208,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"target kiln.jit / jax.jit <= {TARGET_KILN_VS_JAX} on the small functions: "
         f"{'met' if target_met else 'NOT met'} (worst {worst:.2f}x)"
+    )
+    static_int = s["kiln.jit static int"]["us_per_call"] / s["jax.jit static int"]["us_per_call"]
+    static_np = (s["kiln.jit static numpy float32[16]"]["us_per_call"]
+                 / s["jax.jit static int"]["us_per_call"])
+    print(
+        f"target static int <= {TARGET_STATIC_INT}x jax.jit static int: "
+        f"{'met' if static_int <= TARGET_STATIC_INT else 'NOT met'} ({static_int:.2f}x); "
+        f"static numpy float32[16] <= {TARGET_STATIC_NUMPY}x: "
+        f"{'met' if static_np <= TARGET_STATIC_NUMPY else 'NOT met'} ({static_np:.2f}x)"
     )
     print(
         f"kiln stats: compiles {st.compiles}, hot calls {st.calls_hot}, misses {st.misses}, "

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import _compile
+from kiln import _compile, _tier_up
 
 
 def _layers(x, w):
@@ -173,7 +173,7 @@ def test_a_failed_tier_up_keeps_the_first_program(monkeypatch, caplog):
     def boom(*a, **k):
         raise RuntimeError("simulated XLA failure")
 
-    monkeypatch.setattr(_compile, "_tier_up", boom)
+    monkeypatch.setattr(_tier_up, "_tier_up", boom)
     f = kiln.jit(_program(kiln.noinline(_layers)))
     with caplog.at_level(logging.WARNING, logger="kiln"):
         _host_calls(f, X, W)

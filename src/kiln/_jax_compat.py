@@ -451,6 +451,8 @@ def make_dispatcher(
     name: str,
     cache_miss: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, Any]],
     fun: Callable[..., Any],
+    static_argnums: Sequence[int] = (),
+    static_argnames: Sequence[str] = (),
 ) -> Callable[..., Any]:
     """A C++ dispatcher like ``jax.jit``'s: after the first call with a signature, later calls
     with that signature (and the same jax trace context) run the executable without Python.
@@ -461,7 +463,9 @@ def make_dispatcher(
     ``(args, kwargs)``, that executable is cached in C++ for the signature. Mirrors
     ``MeshExecutable.create_cpp_call`` (jax 0.10.2). ``fun``: the user's function, which
     jax's NaN check (``jax_debug_nans``, ``api._nan_check_posthook``) re-runs op by op as
-    ``dispatcher._fun`` to name the operation that produced a NaN.
+    ``dispatcher._fun`` to name the operation that produced a NaN. ``static_argnums`` /
+    ``static_argnames``: left out of the flat leaves, and hashed and compared (with their
+    types) into the cache key, as jax.jit's.
     """
 
     def miss(*args: Any, **kwargs: Any) -> Any:
@@ -472,7 +476,8 @@ def make_dispatcher(
         return cache_miss(args, kwargs)[0]
 
     dispatcher = _jaxlib_ext.pjit(
-        name, fallback, miss, [], [], _pxla.JitGlobalCppCacheKeys(),
+        name, fallback, miss, list(static_argnums), list(static_argnames),
+        _pxla.JitGlobalCppCacheKeys(),
         jax.tree_util.dispatch_registry if hasattr(jax.tree_util, "dispatch_registry")
         else _tree_util.dispatch_registry,
         _pxla.cc_shard_arg,

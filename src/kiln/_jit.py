@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
 
 from . import _args, _explain, _jax_compat, _stages, _stats, _tier_up
 from ._args import ARRAY_TYPES as _ARRAY_TYPES
@@ -49,7 +50,7 @@ from ._compile import (
 )
 from ._config import Config
 from ._errors import StaticArgumentError
-from ._hashing import Unpersistable, static_digest
+from ._hashing import Unpersistable, ndarray_key, static_digest
 
 __all__ = ["JitFunction"]
 
@@ -109,6 +110,84 @@ def _shared_state(fun: Any, options: Any) -> tuple[dict[Any, Any], list[Any], th
             return _shared.setdefault(fun, {}).setdefault(options, fresh)  # type: ignore[no-any-return]
     except TypeError:  # not hashable, or no weak references
         return fresh
+
+
+class _StaticValue:
+    """A static argument with no hash of its own (a numpy or jax array, a list), hashed and
+    compared by its kiln digest, so that jax's C++ dispatcher can key a call on it."""
+
+    __slots__ = ("value", "digest")
+
+    def __init__(self, value: Any, digest: str) -> None:
+        self.value = value
+        self.digest = digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _StaticValue and other.digest == self.digest
+
+
+# static values jax's dispatcher hashes itself, with no need to ask
+_HASHABLE = frozenset({int, float, bool, str, bytes, complex, type(None), type,
+                       types.FunctionType, types.BuiltinFunctionType})
+
+
+def _static_caller(
+    dispatch: Any, python_call: Callable[..., Any], nums: list[int], names: frozenset[str],
+    fname: str,
+) -> Callable[..., Any]:
+    """``__call__`` of a function with static arguments: the C++ dispatcher, after giving each
+    static value that has no hash (an array by value) a :class:`_StaticValue`; anything kiln
+    cannot digest goes to the Python path, which raises the error that names it."""
+
+    def give_hash(v: Any, name: str) -> Any:
+        t = type(v)
+        if t in _HASHABLE:
+            return v
+        if t is np.ndarray:  # re-hashed on each call (mutable): the raw digest, no dispatch
+            return _StaticValue(v, ndarray_key(v))
+        try:
+            hash(v)
+            return v
+        except TypeError:
+            return _StaticValue(v, static_digest(v, argname=name))
+
+    positions = frozenset(nums)
+    name_list = sorted(names)
+
+    def hashed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            args = tuple(give_hash(a, str(i)) if i in positions else a
+                         for i, a in enumerate(args))
+            kwargs = {k: give_hash(v, k) if k in names else v for k, v in kwargs.items()}
+        except (Unpersistable, StaticArgumentError):
+            return python_call(args, kwargs)[0]
+        return dispatch(*args, **kwargs)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        # the common case, every static value of a type jax hashes itself: no rebuild
+        n = len(args)
+        for i in nums:
+            if i < n and type(args[i]) not in _HASHABLE:
+                return hashed(args, kwargs)
+        if kwargs:
+            for k in name_list:
+                if k in kwargs and type(kwargs[k]) not in _HASHABLE:
+                    return hashed(args, kwargs)
+        return dispatch(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = fname
+    return call
+
+
+def _unwrapped(args: Any) -> Any:
+    """``args`` (a tuple or a kwargs dict) with each :class:`_StaticValue` replaced by its
+    value."""
+    if isinstance(args, dict):
+        return {k: v.value if type(v) is _StaticValue else v for k, v in args.items()}
+    return tuple(a.value if type(a) is _StaticValue else a for a in args)
 
 
 def _weakly(jf: JitFunction, method: str) -> Callable[..., Any]:
@@ -230,19 +309,29 @@ class JitFunction:
         _instances.add(self)
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
         self._module = getattr(fun, "__module__", None) or type(fun).__module__
+        # The C++ dispatcher jax.jit uses, static arguments included (hashed and compared by
+        # jax as jax.jit's are; those with no hash of their own, arrays by value, by kiln's
+        # digest through _StaticValue). Negative static_argnums need the call's length: Python.
+        cpp = all(i >= 0 for i in self._static_argnums)
         self._dispatch = (
-            None if self._has_statics
-            else _jax_compat.make_dispatcher(self._name, _weakly(self, "_python_call"),
-                                         _weakly(self, "_fun"))
+            _jax_compat.make_dispatcher(
+                self._name, _weakly(self, "_python_call"), _weakly(self, "_fun"),
+                static_argnums=sorted(self._static_argnums),
+                static_argnames=sorted(self._static_argnames))
+            if cpp else None
         )
         if self._dispatch is not None:
             # Python looks __call__ up on the type: in a class of its own whose __call__ is the
             # C++ dispatcher, a cached signature runs with no Python frame in between. With a
             # Python __call__ forwarding to it, benchmarks/per_call.py measured 1.12x jax.jit
-            # on `x * y + 1` (now 1.02x; docs/benchmarks.md).
+            # on `x * y + 1` (now 1.02x; docs/benchmarks.md). With static arguments a Python
+            # __call__ first gives the unhashable ones a hash (_with_hashable_statics).
+            call = (self._dispatch if not self._has_statics else _static_caller(
+                self._dispatch, _weakly(self, "_python_call"), sorted(self._static_argnums),
+                self._static_argnames, self._name))
             self.__class__ = type(
                 "JitFunction", (JitFunction,),
-                {"__call__": staticmethod(self._dispatch), "__slots__": (),
+                {"__call__": staticmethod(call), "__slots__": (),
                  "__module__": JitFunction.__module__, "__qualname__": "JitFunction"},
             )
         _note_creation(fun)
@@ -284,7 +373,7 @@ class JitFunction:
             n = len(args)
             for i, a in enumerate(args):
                 if i in self._static_argnums or (i - n) in self._static_argnums:
-                    statics.append((i, a))
+                    statics.append((i, a.value if type(a) is _StaticValue else a))
                 else:
                     dyn.append(a)
             args = tuple(dyn)
@@ -292,7 +381,7 @@ class JitFunction:
             dkw = {}
             for k, v in kwargs.items():
                 if k in self._static_argnames:
-                    statics.append((k, v))
+                    statics.append((k, v.value if type(v) is _StaticValue else v))
                 else:
                     dkw[k] = v
             kwargs = dkw
@@ -535,7 +624,7 @@ class JitFunction:
             args, kwargs
         )
         if key is _PLAIN:
-            return self._plain(*args, **kwargs), None
+            return self._plain(*_unwrapped(args), **_unwrapped(kwargs)), None
         if key is None:
             # Under a transformation (grad, vmap, an outer jit): a nested jax.jit, the same one
             # a top-level miss traces (one trace per signature, as jax.jit)
@@ -553,10 +642,11 @@ class JitFunction:
         except _jax_compat.InternalFloatingPointError as e:
             # jax_debug_nans / jax_debug_infs: as jax.jit, re-run op by op to name the
             # operation, raising FloatingPointError (never jax's internal exception)
-            _jax_compat.raise_floating_point_error(e, self._fun, args, kwargs)
-        # only a plain executable over all leaves of (args, kwargs) can be cached in C++ (not
-        # after filter_jit moved keyword arguments to their positions)
-        cacheable = (isinstance(call, jax.stages.Compiled) and not static_key
+            _jax_compat.raise_floating_point_error(e, self._fun, _unwrapped(args),
+                                                   _unwrapped(kwargs))
+        # only a plain executable over all dynamic leaves of (args, kwargs) can be cached in
+        # C++ (not with filter_jit's static leaves, nor after it moved keyword arguments)
+        cacheable = (isinstance(call, jax.stages.Compiled) and _STATIC_LEAF not in sigs
                      and not (kwargs and self._filter is not None))
         return outs, (call if cacheable else None)
 
