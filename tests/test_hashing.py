@@ -422,3 +422,18 @@ def test_hashable_mapping_by_items() -> None:
     assert static_digest(a, argname="m") == static_digest(_FrozenMap({"k": 1}), argname="m")
     assert static_digest(a, argname="m") != static_digest(b, argname="m")
     assert static_digest(a, argname="m") != static_digest({"k": 1}, argname="m")  # class counts
+
+
+def test_operator_callables_by_what_they_call() -> None:
+    """register_pytree_node_class registers methodcaller("tree_flatten") (eqx.nn.State):
+    it was hashed by identity, so every warm start of such an argument traced again."""
+    import operator
+
+    def d(v):
+        return static_digest(v, argname="f")
+
+    assert d(operator.methodcaller("tree_flatten")) == d(operator.methodcaller("tree_flatten"))
+    assert d(operator.methodcaller("a")) != d(operator.methodcaller("b"))
+    assert d(operator.methodcaller("a", 1, k=2)) != d(operator.methodcaller("a", 1, k=3))
+    assert d(operator.attrgetter("a.b")) != d(operator.attrgetter("a.c"))
+    assert d(operator.itemgetter(1)) != d(operator.itemgetter(2))

@@ -35,15 +35,6 @@ SCRIPTS: dict[str, tuple[str, ...]] = {
 }
 COUNTERS = ("hits", "misses", "traces", "compiles")
 
-# equinox.nn.State is registered with jax.tree_util.register_pytree_node_class, whose flatten
-# function is `operator.methodcaller("tree_flatten")`: kiln has no value digest for it, so every
-# function taking a State (or any register_pytree_node_class type) takes the verify path.
-STATEFUL_TRACES = pytest.mark.xfail(
-    strict=True,
-    reason="kiln bug: a type registered with jax.tree_util.register_pytree_node_class (here "
-    "eqx.nn.State) has flatten function operator.methodcaller('tree_flatten'), which kiln "
-    "hashes by identity; a warm start takes the verify path (trace + lower, no compile)",
-)
 
 
 def _child_env(mode: str, cache: Path) -> dict[str, str]:
@@ -146,9 +137,7 @@ def test_warm_loads_without_compiling(name: str, runs: Callable[[str], dict[str,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=STATEFUL_TRACES) if n == "stateful" else n for n in SCRIPTS]
-)
+@pytest.mark.parametrize("name", list(SCRIPTS))
 def test_warm_does_not_trace(name: str, runs: Callable[[str], dict[str, dict]]) -> None:
     warm = runs(name)["warm"]["result"]
     assert warm["traces"] == 0

@@ -66,6 +66,7 @@ import collections.abc
 import dataclasses
 import enum
 import functools
+import operator
 import struct
 import sys
 import types
@@ -493,6 +494,13 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
     if isinstance(v, type):
         h.update(b"Y")
         _write_name(h, v, "class", argname, path)
+        return
+    if isinstance(v, operator.methodcaller | operator.attrgetter | operator.itemgetter):
+        # jax.tree_util.register_pytree_node_class registers methodcaller("tree_flatten"): by
+        # what it calls, from its __reduce__ (the names and arguments)
+        h.update(b"O")
+        _write_str(h, tp.__qualname__)
+        _encode(h, v.__reduce__(), argname, (path, _ATTR, "<reduce>"))
         return
     if isinstance(v, functools.partial):
         h.update(b"P")
