@@ -306,7 +306,9 @@ class _Miss:
         static_leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, sigs, strict=True))
                          if s is _STATIC_LEAF}
         self.leaves = [x for i, x in enumerate(all_leaves) if i not in static_leaves]
-        self.inner, self.jitted, box = jf._flat_jitted(
+        # uncompiled: the function of the array leaves as plain Python (jax.disable_jit);
+        # jitted: its jax.jit, which this miss traces, lowers and compiles
+        self.uncompiled, self.jitted, box = jf._flat_jitted(
             statics, len(dyn_args), treedef, static_leaves, static_key
         )
         self.box, self.box_sig = box, _abstract_sig(self.leaves)

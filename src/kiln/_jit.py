@@ -118,7 +118,7 @@ class _StaticValue:
 
     __slots__ = ("value", "digest")
 
-    def __init__(self, value: Any, digest: str) -> None:
+    def __init__(self, value: Any, digest: str | bytes) -> None:
         self.value = value
         self.digest = digest
 
@@ -847,8 +847,8 @@ class JitFunction:
             if miss is None:
                 miss = _Miss(self, dyn_args, dyn_kwargs, statics, static_key, treedef, key.sigs)
             if _jax_compat.jit_disabled():
-                self._table[key] = miss.inner
-                return miss.inner
+                self._table[key] = miss.uncompiled
+                return miss.uncompiled
             miss.memory_reason = self._memory_miss_reason(
                 key, dyn_args, dyn_kwargs, statics, miss.cfg
             )

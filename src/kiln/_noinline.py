@@ -80,7 +80,7 @@ class NoinlineFunction:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
         self._subs: dict[Any, tuple[_Sub, _OutTree]] = {}
-        self._dispatch: dict[Any, _Dispatch] = {}
+        self._dispatch: dict[Any, _ArgumentCallee] = {}
         self._lock = threading.Lock()
         with _registry_lock:
             # the leaf of self.dynamic(): a program taking it calls whichever function the
@@ -234,7 +234,7 @@ class DynamicNoinline:
         with t._lock:
             d = t._dispatch.get(key)
             if d is None:
-                d = t._dispatch[key] = _Dispatch(t, call, sub.name)
+                d = t._dispatch[key] = _ArgumentCallee(t, call, sub.name)
         handle = jax.numpy.asarray(self.handle, dtype=jax.numpy.int32)
         return jax.tree_util.tree_unflatten(tree, noinline_p.bind(handle, *leaves, fn=d))
 
@@ -271,7 +271,7 @@ def _lookup(handle: Any) -> NoinlineFunction:
         ) from None
 
 
-class _Dispatch:
+class _ArgumentCallee:
     """The ``fn`` of a noinline call whose function is a run-time argument: operand 0 is the
     function's handle; the host looks the function up and calls its executable (or the
     executable of its derived function along ``path``: jvp, transpose, vmap)."""
@@ -284,7 +284,7 @@ class _Dispatch:
         self.call = call  # (treedef, statics, static_key) of the call site
         self.name = name
         self.path = path
-        self._derived: dict[Any, _Dispatch] = {}
+        self._derived: dict[Any, _ArgumentCallee] = {}
         self._lock = threading.Lock()
 
     def resolve(self, f: NoinlineFunction) -> _Sub:
@@ -325,13 +325,13 @@ class _Dispatch:
             )
         return noinline_p.bind(*args, fn=self.derived(("vmap", axes[1:])))
 
-    def derived(self, step: tuple[Any, ...]) -> _Dispatch:
+    def derived(self, step: tuple[Any, ...]) -> _ArgumentCallee:
         with self._lock:
             got = self._derived.get(step)
             if got is None:
                 name = derived_name(self.name, step[0] if step[0] != "vmap"
                                      else f"vmap{list(step[1])}")
-                got = self._derived[step] = _Dispatch(
+                got = self._derived[step] = _ArgumentCallee(
                     self.template, self.call, name, self.path + (step,)
                 )
             return got

@@ -5,7 +5,7 @@ jaxpr walks the miss path needs (``calls_in``, ``inlined_size``, ``separate_size
 ``called_names``).
 
 The ``fn`` of a call is a callee: a :class:`_Sub` (one flat function with its own kiln.jit
-executable) or ``kiln._noinline._Dispatch`` (a function chosen at run time). The rules ask it
+executable) or ``kiln._noinline._ArgumentCallee`` (a function chosen at run time). The rules ask it
 through one protocol (``out_avals``, ``effects``, ``tier_up``, ``called_name``, ``bind_jvp``,
 ``bind_transpose``, ``bind_batched``), never by its type.
 """
