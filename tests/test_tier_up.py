@@ -173,7 +173,7 @@ def test_a_failed_tier_up_keeps_the_first_program(monkeypatch, caplog):
     def boom(*a, **k):
         raise RuntimeError("simulated XLA failure")
 
-    monkeypatch.setattr(_tier_up, "_tier_up", boom)
+    monkeypatch.setattr(_tier_up, "_compile_inlined", boom)
     f = kiln.jit(_program(kiln.noinline(_layers)))
     with caplog.at_level(logging.WARNING, logger="kiln"):
         _host_calls(f, X, W)

@@ -46,7 +46,7 @@ class Program(Protocol):
     _in_shardings: Any
     _out_shardings: Any
     _filter: str | None
-    _tier_up: bool
+    _may_tier_up: bool
 
     def _param_name(self, where: Any) -> Any: ...
 
@@ -320,7 +320,7 @@ class _Miss:
         self.traced: jax.stages.Traced | None = None
         # tier-up (kiln._tier_up): set when this program calls kiln.noinline functions and its
         # inlined form should be compiled in the background; key / manifest of the entry
-        self.tier_up = False
+        self.start_tier_up = False
         self.key: str | None = None
         self.fp_key: str | None = None
         self.inlined_size = 0  # equations once its noinline calls are inlined
@@ -551,9 +551,9 @@ class _Miss:
         header = entry.header
         if header.get("kind") == "verify-only":
             return _VERIFY_ONLY
-        if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._tier_up:
+        if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._may_tier_up:
             # stored before its inlined form was ready: tier up in this process
-            self.tier_up, self.key = True, key
+            self.start_tier_up, self.key = True, key
         t0 = time.perf_counter()
         changed = check_manifest(header.get("manifest") or [])
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
@@ -653,7 +653,7 @@ class _Miss:
         return self.candidate
 
     def _is_tier_up_candidate(self) -> bool:
-        if not self.jf._tier_up or self.traced is None:
+        if not self.jf._may_tier_up or self.traced is None:
             return False
         jaxpr = self.traced.jaxpr.jaxpr
         if not _noinline_p.calls_in(jaxpr):
@@ -693,10 +693,10 @@ class _Miss:
         self._trace()
         self.key = key
         candidate = self._tier_up_candidate()
-        self.tier_up = candidate and self.cfg.tier_up
-        if self.tier_up and self._inline_directly():
+        self.start_tier_up = candidate and self.cfg.tier_up
+        if self.start_tier_up and self._inline_directly():
             # lowered once, inlined: the not-inlined lowering is never made
-            self.tier_up = False
+            self.start_tier_up = False
             with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
                 result = compile_and_store_inlined(
                     self, structs(self.leaves), t_start

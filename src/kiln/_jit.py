@@ -304,7 +304,7 @@ class JitFunction:
         # alike (so a function called both ways traces once per signature, as jax.jit does)
         self._flat: dict[Any, tuple[Any, Any, _Box]] = {}
         self._hot_calls = 0
-        self._tier_up = True  # False for kiln.noinline's own executables
+        self._may_tier_up = True  # False for kiln.noinline's own executables
         self._has_statics = bool(self._static_argnums or self._static_argnames)
         _instances.add(self)
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
@@ -857,7 +857,7 @@ class JitFunction:
             compiled = miss.run()
             self._table[key] = compiled
             self._seen.append(key)
-            if miss.tier_up:
+            if miss.start_tier_up:
                 _tier_up.start(miss, functools.partial(self._swap_in, key))
             return compiled
 

@@ -52,7 +52,7 @@ class _Sub:
         flat_fun.__module__ = module
         self.jit = make_jit(flat_fun)
         # its callers tier up; the sub-function's own executable stays as it is
-        self.jit._tier_up = False
+        self.jit._may_tier_up = False
         self._jaxprs: dict[tuple[Any, ...], Any] = {}
         self._inline_fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._sizes: dict[tuple[Any, ...], int] = {}

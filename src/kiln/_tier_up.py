@@ -88,7 +88,7 @@ def _run(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any],
     try:
         # the caller's thread-local jax config (a `with jax.enable_x64(True):` block, ...)
         with _jax_compat.apply_local_config(config):
-            _tier_up(miss, swap_in, structs)
+            _compile_inlined(miss, swap_in, structs)
     except Exception as e:  # noqa: BLE001 - tier-up is an optimization: never break the program
         logger.warning(
             "kiln: tier-up of %s failed (%s: %s); it keeps calling its noinline functions",
@@ -99,7 +99,7 @@ def _run(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any],
             _pending.discard(threading.current_thread())
 
 
-def _tier_up(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any]) -> None:
+def _compile_inlined(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any]) -> None:
     t0 = time.perf_counter()
     if miss.traced is None:  # loaded without tracing: trace now (in this thread)
         miss._trace()
