@@ -98,11 +98,12 @@ _shared: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDiction
 _shared_lock = threading.Lock()
 
 
-def _shared_state(fun: Any, options: Any) -> tuple[dict[Any, Any], list[Any], threading.RLock]:
-    """(in-process table, signatures seen, lock) for ``fun`` with ``options``: one per
-    function object and options while the function lives; private when ``fun`` cannot be
-    weakly referenced or hashed (a bound method is a new object on every access)."""
-    fresh: tuple[dict[Any, Any], list[Any], threading.RLock] = ({}, [], threading.RLock())
+def _shared_state(fun: Any, options: Any) -> tuple[dict[Any, Any], threading.RLock]:
+    """(in-process table, its lock) for ``fun`` with ``options``: one per function object and
+    options while the function lives; private when ``fun`` cannot be weakly referenced or
+    hashed (a bound method is a new object on every access). The table's keys, in insertion
+    order, are the signatures compiled so far."""
+    fresh: tuple[dict[Any, Any], threading.RLock] = ({}, threading.RLock())
     if isinstance(fun, types.MethodType):
         return fresh
     try:
@@ -295,7 +296,7 @@ class JitFunction:
         # Like jax.jit, whose caches hang off the function: kiln.jit(f) made again around the
         # same function object with the same options shares the executables of this process
         # (no retrace, no store read). Held while f lives.
-        self._table, self._seen, self._lock = _shared_state(fun, (
+        self._table, self._lock = _shared_state(fun, (
             self._static_argnums, self._static_argnames, self._donate_argnums,
             self._donate_argnames, repr(sorted(self._jit_options.items())), _filter,
             _option_text(in_shardings), _option_text(out_shardings),
@@ -826,7 +827,6 @@ class JitFunction:
             if self._dispatch is not None:
                 self._dispatch._clear_cache()  # type: ignore[attr-defined]
             self._table.clear()
-            self._seen.clear()
             self._flat.clear()
 
     # -- misses -------------------------------------------------------------------------------
@@ -856,7 +856,6 @@ class JitFunction:
                 miss._log_memory_reason()  # costly even when the store hits: say it now
             compiled = miss.run()
             self._table[key] = compiled
-            self._seen.append(key)
             if miss.start_tier_up:
                 _tier_up.start(miss, functools.partial(self._swap_in, key))
             return compiled
@@ -876,7 +875,7 @@ class JitFunction:
         """(kind, message) explaining why this call missed the in-process table."""
         if not (cfg.explain or logger.isEnabledFor(logging.DEBUG)):
             return None
-        if not self._seen:
+        if not self._table:
             n = _creations.get(_code_of(self._fun), 0)
             hint = (
                 f" (kiln.jit was applied to {n} function objects with this code in this "
@@ -886,7 +885,7 @@ class JitFunction:
             return "new-function", f"{self._name}: first call in this process{hint}"
         paths = _args.leaf_paths(self._positional, dyn_args, dyn_kwargs, statics)
         new = (key.treedef, paths, key.sigs, key.static_key)
-        seen = [(k.treedef, paths, k.sigs, k.static_key) for k in self._seen]
+        seen = [(k.treedef, paths, k.sigs, k.static_key) for k in self._table]
         return "signature", _explain.describe_signature_change(self._name, new, seen)
 
 
