@@ -93,3 +93,32 @@ def test_static_results_match_jax_jit() -> None:
     for shape, scale in [((2,), 1.5), ((3, 2), 2), ((2,), 1.5)]:
         np.testing.assert_array_equal(ours(jnp.ones(()), shape, scale),
                                       theirs(jnp.ones(()), shape, scale))
+
+
+def test_reused_digest_object_always_carries_this_calls_array() -> None:
+    """Small arrays share one hashable key object per digest; a miss must still see the array
+    of its own call, never an earlier array with that digest that was changed since."""
+    f = kiln.jit(lambda x, table: x + table.sum(), static_argnames="table")
+    t1 = np.arange(4.0, dtype=np.float32)  # sum 6
+    assert f(jnp.zeros(2), table=t1).tolist() == [6.0, 6.0]
+    t1[:] = 1.0  # sum 4: t1 now has another digest
+    assert f(jnp.zeros(2), table=t1).tolist() == [4.0, 4.0]
+    t2 = np.arange(4.0, dtype=np.float32)  # the first digest again
+    # another x shape: the C++ cache misses and the Python path reads the key's array
+    assert f(jnp.zeros(3), table=t2).tolist() == [6.0, 6.0, 6.0]
+
+
+def test_nested_call_with_a_static_array_changed_in_place() -> None:
+    """A wrong result before this change: the nested jax.jit kept per static digest bound the
+    array object itself, so an array changed in place was traced with its new content under
+    the old digest."""
+    f = kiln.jit(lambda x, table: x + table.sum(), static_argnames="table")
+
+    def g(x, t):
+        return jax.jit(lambda x: f(x, table=t))(x)
+
+    t1 = np.arange(4.0, dtype=np.float32)
+    assert g(jnp.zeros(2), t1).tolist() == [6.0, 6.0]
+    t1[:] = 1.0
+    assert g(jnp.zeros(2), t1).tolist() == [4.0, 4.0]
+    assert g(jnp.zeros(3), np.arange(4.0, dtype=np.float32)).tolist() == [6.0, 6.0, 6.0]

@@ -3,7 +3,7 @@
 #   last changed in 76d697c1dbad528ef24868c369a0b74c1be153e4). Copyright Patrick Kidger, Apache
 #   License 2.0 (http://www.apache.org/licenses/LICENSE-2.0). The notebook's code cells, in
 #   order, as published, except (imports that the additions need are marked `# added`):
-#   - the JIT switch below: `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
+#   - the JIT switch (`_swap.py`): `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
 #     `eqx.filter_jit`; `loss = eqx.filter_jit(loss)` and the two `@eqx.filter_jit` decorators
 #     read `filter_jit`;
 #   - no download, no torch: MNIST (torchvision, cell 4) is replaced by scikit-learn's bundled
@@ -18,15 +18,11 @@
 #     left out;
 #   - shrunk: STEPS 300 -> 50, PRINT_EVERY 30 -> 10 (MNIST 60000 / 10000 images -> the digits
 #     above);
-#   - stdout is teed (`_Tee`) so that the last line can report the losses and accuracies
+#   - stdout is teed (`_swap.tee_stdout`) so that the last line can report the losses and accuracies
 #     train() printed, as one JSON object with a checksum of the trained model's parameters
 #     and, under kiln, the kiln.stats() counters hits / misses / traces / compiles.
 # ruff: noqa: B905, F722  (published style: zip() without strict=, jaxtyping shape strings)
-import io  # added
-import json  # added
 import math  # added
-import os  # added
-import sys  # added
 import types  # added
 
 import equinox as eqx
@@ -34,28 +30,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np  # added
 import optax  # https://github.com/deepmind/optax
+from _swap import (  # added: the jit switch (examples/public/_swap.py)
+    filter_jit,
+    printed,
+    report,
+    tee_stdout,
+)
 from jaxtyping import Array, Float, Int, PyTree  # https://github.com/google/jaxtyping
 from sklearn.datasets import load_digits  # added
 
-# ---- added: the JIT switch and the stdout tee --------------------------------------------------
-
-JIT = os.environ.get("EXAMPLE_JIT", "eqx")
-if JIT == "kiln":
-    import kiln
-
-    filter_jit = kiln.filter_jit
-else:
-    filter_jit = eqx.filter_jit
-
-
-class _Tee(io.StringIO):
-    def write(self, s):
-        sys.__stdout__.write(s)
-        return super().write(s)
-
-
-sys.stdout = _Tee()
-# ---- end of addition ---------------------------------------------------------------------------
+tee_stdout()  # added
 
 # Hyperparameters
 
@@ -288,7 +272,7 @@ def train(
 model = train(model, trainloader, testloader, optim, STEPS, PRINT_EVERY)
 
 # ---- added: one JSON line with the results -----------------------------------------------------
-_printed = [line for line in sys.stdout.getvalue().splitlines() if line.startswith("step=")]
+_printed = [line for line in printed() if line.startswith("step=")]
 _params = [np.asarray(p, np.float64) for p in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
 _result = {
     name: [float(line.split(f"{name}=")[1].split(",")[0]) for line in _printed]
@@ -298,10 +282,4 @@ _result.update(
     param_sum=float(sum(p.sum() for p in _params)),
     param_abs_sum=float(sum(np.abs(p).sum() for p in _params)),
 )
-if JIT == "kiln":
-    _stats = kiln.stats()
-    _result.update(
-        hits=_stats.hits, misses=_stats.misses, traces=_stats.traces, compiles=_stats.compiles
-    )
-sys.stdout = sys.__stdout__
-print(json.dumps(_result))
+report(_result)

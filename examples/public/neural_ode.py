@@ -3,7 +3,7 @@
 #   7cf3034599534be0cd9e80e25e5aa5563d89b3fe). Copyright Patrick Kidger, Apache License 2.0
 #   (http://www.apache.org/licenses/LICENSE-2.0). The notebook's code cells, in order, as
 #   published, except (imports that the additions need are marked `# added`):
-#   - the JIT switch below: `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
+#   - the JIT switch (`_swap.py`): `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
 #     `eqx.filter_jit`; the one `@eqx.filter_jit` decorator reads `@filter_jit`;
 #   - no plotting: `import matplotlib.pyplot as plt` and main()'s `if plot:` block are removed;
 #   - shrunk, at the call site only (main()'s defaults are as published): dataset_size 256 -> 32,
@@ -11,14 +11,10 @@
 #     plot=False. One step in the first phase (the first 10% of each series): a second one
 #     would trace and compile make_step a third time (the first update makes the model's
 #     weakly typed `out_scale = jnp.array(1.0)` strongly typed), ~15 s more per run on 2 cores;
-#   - stdout is teed (`_Tee`) so that the last line can report the losses main() printed, as one
-#     JSON object with a checksum of the trained model's parameters and, under kiln, the
-#     kiln.stats() counters hits / misses / traces / compiles.
+#   - stdout is teed (`_swap.tee_stdout`) so that the last line can report the losses main()
+#     printed, as one JSON object with a checksum of the trained model's parameters and,
+#     under kiln, the kiln.stats() counters hits / misses / traces / compiles.
 # ruff: noqa: B905  (published style: zip() without strict=)
-import io  # added
-import json  # added
-import os  # added
-import sys  # added
 import time
 
 import diffrax
@@ -29,26 +25,14 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np  # added
 import optax  # https://github.com/deepmind/optax
+from _swap import (  # added: the jit switch (examples/public/_swap.py)
+    filter_jit,
+    printed,
+    report,
+    tee_stdout,
+)
 
-# ---- added: the JIT switch and the stdout tee --------------------------------------------------
-
-JIT = os.environ.get("EXAMPLE_JIT", "eqx")
-if JIT == "kiln":
-    import kiln
-
-    filter_jit = kiln.filter_jit
-else:
-    filter_jit = eqx.filter_jit
-
-
-class _Tee(io.StringIO):
-    def write(self, s):
-        sys.__stdout__.write(s)
-        return super().write(s)
-
-
-sys.stdout = _Tee()
-# ---- end of addition ---------------------------------------------------------------------------
+tee_stdout()  # added
 
 
 class Func(eqx.Module):
@@ -197,7 +181,7 @@ ts, ys, model = main(
 # ---- added: one JSON line with the results -----------------------------------------------------
 _losses = [
     float(line.split("Loss: ")[1].split(",")[0])
-    for line in sys.stdout.getvalue().splitlines()
+    for line in printed()
     if line.startswith("Step: ")
 ]
 _params = [np.asarray(p, np.float64) for p in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
@@ -206,10 +190,4 @@ _result = {
     "param_sum": float(sum(p.sum() for p in _params)),
     "param_abs_sum": float(sum(np.abs(p).sum() for p in _params)),
 }
-if JIT == "kiln":
-    _stats = kiln.stats()
-    _result.update(
-        hits=_stats.hits, misses=_stats.misses, traces=_stats.traces, compiles=_stats.compiles
-    )
-sys.stdout = sys.__stdout__
-print(json.dumps(_result))
+report(_result)

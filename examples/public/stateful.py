@@ -3,14 +3,12 @@
 #   last changed in 76d697c1dbad528ef24868c369a0b74c1be153e4). Copyright Patrick Kidger, Apache
 #   License 2.0 (http://www.apache.org/licenses/LICENSE-2.0). The notebook's code cells, in
 #   order, as published, except (imports that the additions need are marked `# added`):
-#   - the JIT switch below: `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
+#   - the JIT switch (`_swap.py`): `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
 #     `eqx.filter_jit`; the two `@eqx.filter_jit` decorators read `@filter_jit`;
 #   - nothing is shrunk (10 training points, 5 steps, as published);
 #   - the last line printed is one JSON object with the test predictions, checksums of the
 #     trained model's parameters and of the BatchNorm / SpectralNorm state and, under kiln, the
 #     kiln.stats() counters hits / misses / traces / compiles.
-import json  # added
-import os  # added
 
 import equinox as eqx
 import jax
@@ -18,17 +16,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np  # added
 import optax  # https://github.com/deepmind/optax
-
-# ---- added: the JIT switch ---------------------------------------------------------------------
-
-JIT = os.environ.get("EXAMPLE_JIT", "eqx")
-if JIT == "kiln":
-    import kiln
-
-    filter_jit = kiln.filter_jit
-else:
-    filter_jit = eqx.filter_jit
-# ---- end of addition ---------------------------------------------------------------------------
+from _swap import filter_jit, report  # added: the jit switch (examples/public/_swap.py)
 
 
 # This model is just a weird mish-mash of stateful and non-stateful layers for
@@ -123,9 +111,4 @@ _result = {
     "param_abs_sum": float(sum(np.abs(p).sum() for p in _params)),
     "state_abs_sum": float(sum(np.abs(s).sum() for s in _state)),
 }
-if JIT == "kiln":
-    _stats = kiln.stats()
-    _result.update(
-        hits=_stats.hits, misses=_stats.misses, traces=_stats.traces, compiles=_stats.compiles
-    )
-print(json.dumps(_result))
+report(_result)

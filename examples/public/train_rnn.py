@@ -3,21 +3,17 @@
 #   25f096b7c9152c523b4eba9e7047976dfa7b0cc5). Copyright Patrick Kidger, Apache License 2.0
 #   (http://www.apache.org/licenses/LICENSE-2.0). The notebook's code cells, in order, as
 #   published, except (imports that the additions need are marked `# added`):
-#   - the JIT switch below: `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
+#   - the JIT switch (`_swap.py`): `filter_jit` is `kiln.filter_jit` when EXAMPLE_JIT=kiln, else
 #     `eqx.filter_jit`; the one `@eqx.filter_jit` decorator reads `@filter_jit`;
 #   - `np.random.seed(5678)` before main(): the published dataloader shuffles with numpy's
 #     global random generator, unseeded, so two runs would not otherwise see the same batches;
 #   - shrunk, at the call site only (main()'s defaults are as published): dataset_size
 #     10000 -> 1000 (steps as published, 200);
-#   - stdout is teed (`_Tee`) so that the last line can report the losses and accuracy main()
-#     printed, as one JSON object with, under kiln, the kiln.stats() counters hits / misses /
-#     traces / compiles.
+#   - stdout is teed (`_swap.tee_stdout`) so that the last line can report the losses and
+#     accuracy main() printed, as one JSON object with, under kiln, the kiln.stats() counters
+#     hits / misses / traces / compiles.
 # ruff: noqa: B905  (published style: zip() without strict=)
-import io  # added
-import json  # added
 import math
-import os  # added
-import sys  # added
 
 import equinox as eqx
 import jax
@@ -26,26 +22,14 @@ import jax.numpy as jnp
 import jax.random as jrandom
 import numpy as np
 import optax  # https://github.com/deepmind/optax
+from _swap import (  # added: the jit switch (examples/public/_swap.py)
+    filter_jit,
+    printed,
+    report,
+    tee_stdout,
+)
 
-# ---- added: the JIT switch and the stdout tee --------------------------------------------------
-
-JIT = os.environ.get("EXAMPLE_JIT", "eqx")
-if JIT == "kiln":
-    import kiln
-
-    filter_jit = kiln.filter_jit
-else:
-    filter_jit = eqx.filter_jit
-
-
-class _Tee(io.StringIO):
-    def write(self, s):
-        sys.__stdout__.write(s)
-        return super().write(s)
-
-
-sys.stdout = _Tee()
-# ---- end of addition ---------------------------------------------------------------------------
+tee_stdout()  # added
 
 
 def dataloader(arrays, batch_size):
@@ -151,17 +135,11 @@ np.random.seed(5678)
 main(dataset_size=1000)  # All right, let's run the code.
 
 # ---- added: one JSON line with the results -----------------------------------------------------
-_printed = sys.stdout.getvalue().splitlines()
+_printed = printed()
 _result = {
     "losses": [float(line.split("loss=")[1]) for line in _printed if line.startswith("step=")],
     "final_accuracy": [
         float(line.split("=")[1]) for line in _printed if line.startswith("final_accuracy=")
     ][-1],
 }
-if JIT == "kiln":
-    _stats = kiln.stats()
-    _result.update(
-        hits=_stats.hits, misses=_stats.misses, traces=_stats.traces, compiles=_stats.compiles
-    )
-sys.stdout = sys.__stdout__
-print(json.dumps(_result))
+report(_result)

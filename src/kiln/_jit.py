@@ -25,6 +25,7 @@ What a warm start skips:
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import logging
@@ -113,21 +114,37 @@ def _shared_state(fun: Any, options: Any) -> tuple[dict[Any, Any], threading.RLo
         return fresh
 
 
-class _StaticValue:
-    """A static argument with no hash of its own (a numpy or jax array, a list), hashed and
-    compared by its kiln digest, so that jax's C++ dispatcher can key a call on it."""
+class _StaticValue(bytes):
+    """A static argument with no hash of its own (a numpy or jax array, a list), as its kiln
+    digest, so that jax's C++ dispatcher can key a call on it: the bytes are the digest (hashed
+    and compared in C, with no Python call), ``value`` the argument itself."""
 
-    __slots__ = ("value", "digest")
+    value: Any
 
-    def __init__(self, value: Any, digest: str | bytes) -> None:
+    def __new__(cls, value: Any, digest: bytes) -> _StaticValue:
+        self = super().__new__(cls, digest)
         self.value = value
-        self.digest = digest
+        return self
 
-    def __hash__(self) -> int:
-        return hash(self.digest)
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _StaticValue and other.digest == self.digest
+_static_values: dict[bytes, _StaticValue] = {}
+_SMALL = 1 << 16  # bytes: arrays up to this size reuse their _StaticValue
+
+
+def _static_value(v: np.ndarray[Any, Any], digest: bytes) -> _StaticValue:
+    """The :class:`_StaticValue` of a numpy array: for a small array, one object per digest, so
+    jax's dispatcher finds its key by identity (measured: 8.2 us a call against 12.6 us with a
+    new object); its ``value`` is always the array of this call (the miss path reads it)."""
+    if v.nbytes > _SMALL:
+        return _StaticValue(v, digest)
+    got = _static_values.get(digest)
+    if got is None:
+        if len(_static_values) >= 4096:
+            _static_values.clear()
+        got = _static_values[digest] = _StaticValue(v, digest)
+    else:
+        got.value = v
+    return got
 
 
 # static values jax's dispatcher hashes itself, with no need to ask
@@ -148,39 +165,54 @@ def _static_caller(
         if t in _HASHABLE:
             return v
         if t is np.ndarray:  # re-hashed on each call (mutable): the raw digest, no dispatch
-            return _StaticValue(v, ndarray_key(v))
+            return _static_value(v, ndarray_key(v))
         try:
             hash(v)
             return v
         except TypeError:
-            return _StaticValue(v, static_digest(v, argname=name))
+            return _StaticValue(v, static_digest(v, argname=name).encode())
 
-    positions = frozenset(nums)
     name_list = sorted(names)
 
-    def hashed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            args = tuple(give_hash(a, str(i)) if i in positions else a
-                         for i, a in enumerate(args))
-            kwargs = {k: give_hash(v, k) if k in names else v for k, v in kwargs.items()}
-        except (Unpersistable, StaticArgumentError):
-            return python_call(args, kwargs)[0]
-        return dispatch(*args, **kwargs)
-
     def call(*args: Any, **kwargs: Any) -> Any:
-        # the common case, every static value of a type jax hashes itself: no rebuild
-        n = len(args)
-        for i in nums:
-            if i < n and type(args[i]) not in _HASHABLE:
-                return hashed(args, kwargs)
-        if kwargs:
-            for k in name_list:
-                if k in kwargs and type(kwargs[k]) not in _HASHABLE:
-                    return hashed(args, kwargs)
+        # in the common case every static value is of a type jax hashes itself: nothing to do
+        try:
+            n = len(args)
+            for i in nums:
+                if i < n and type(args[i]) not in _HASHABLE:
+                    listed = list(args)
+                    for j in nums:
+                        if j < n:
+                            listed[j] = give_hash(listed[j], str(j))
+                    args = tuple(listed)
+                    break
+            if kwargs:  # (a fresh dict on every call: changed in place)
+                for k in name_list:
+                    if k in kwargs and type(kwargs[k]) not in _HASHABLE:
+                        kwargs[k] = give_hash(kwargs[k], k)
+        except (Unpersistable, StaticArgumentError):
+            return python_call(_unwrapped(args), _unwrapped(kwargs))[0]
         return dispatch(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = fname
     return call
+
+
+def _frozen(v: Any) -> Any:
+    """A static value as it is now. What is traced from it is kept (per digest) for later
+    signatures too, and an unhashable value (a numpy array, a list) may be changed in place
+    after this call: keep a copy, so a later trace sees the value the key says."""
+    if isinstance(v, jax.Array):
+        return v  # immutable
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        pass
+    try:
+        return copy.deepcopy(v)
+    except Exception:  # noqa: BLE001 - cannot be copied: bound as it is
+        return v
 
 
 def _unwrapped(args: Any) -> Any:
@@ -417,8 +449,8 @@ class JitFunction:
     def _merge(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Callable[..., Any]:
         """``call(dyn_args, dyn_kwargs)`` that re-inserts the static arguments and calls fun."""
         fun = self._fun
-        pos = {w: v for w, v in statics if isinstance(w, int)}
-        kw = {w: v for w, v in statics if isinstance(w, str)}
+        pos = {w: _frozen(v) for w, v in statics if isinstance(w, int)}
+        kw = {w: _frozen(v) for w, v in statics if isinstance(w, str)}
         total = n_dyn + len(pos)
         pos = {(w if w >= 0 else total + w): v for w, v in pos.items()}
 
