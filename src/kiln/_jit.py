@@ -462,7 +462,9 @@ class JitFunction:
         return call
 
     def _jitted(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Any:
-        """A plain ``jax.jit`` of fun with the statics bound (used under transformations)."""
+        """A plain ``jax.jit`` of fun over the user's argument structure with the statics
+        bound: what :meth:`trace` gives with static arguments (static arrays by value, which
+        ``jax.jit`` itself refuses)."""
         merge = self._merge(statics, n_dyn)
         dyn_positions = _args.dyn_positions(statics, n_dyn)
         donate = tuple(j for j, i in enumerate(dyn_positions) if i in self._donate_argnums)
