@@ -9,6 +9,9 @@ never imports ``_jit``.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import logging
 import os
 import sys
@@ -61,7 +64,23 @@ _tree_flatten = jax.tree_util.tree_flatten
 _STATIC_LEAF = _args.STATIC_LEAF
 
 
-_VERIFY_ONLY = object()
+class Outcome(enum.Enum):
+    """What a store lookup found (``_Miss._load``)."""
+
+    HIT = "hit"  # a usable entry, loaded
+    ABSENT = "absent"  # no entry under the key
+    STALE = "stale"  # an entry built from something that has changed since
+    UNUSABLE = "unusable"  # a corrupt, foreign or tampered entry, or a store that failed
+    VERIFY_ONLY = "verify-only"  # a marker: this function takes the verify path
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    outcome: Outcome
+    executable: Any = None  # the callable executable, on a HIT
+
+
+_ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
 
 
 class _Box(dict[Any, Any]):
@@ -323,7 +342,6 @@ class _Miss:
         self.start_tier_up = False
         self.key: str | None = None
         self.fp_key: str | None = None
-        self.inlined_size = 0  # equations once its noinline calls are inlined
         self.lowered_digest: str | None = None
         self.lapack = True
         # the inlined form's lowering (tier-up), and its key on the verify path
@@ -331,8 +349,6 @@ class _Miss:
         self.inlined_digest: str | None = None
         self.inlined_lapack = True
         self.inlined_key: str | None = None
-        self.candidate: bool | None = None  # memos of _tier_up_candidate, _inline_directly
-        self.direct: bool | None = None
         self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.trace_seconds = 0.0
@@ -485,18 +501,18 @@ class _Miss:
     def _verify_path(self, t_start: float) -> Any:
         """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
         self._trace()
-        if self.cfg.tier_up and self._tier_up_candidate():
+        if self.cfg.tier_up and self.tier_up_candidate:
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self._verify_key(inlined=True)
             got = self._load(self.inlined_key, t_start)
-            if got is not None and got is not _VERIFY_ONLY:
-                return got
-            if self._inline_directly():
+            if got.outcome is Outcome.HIT:
+                return got.executable
+            if self.inline_directly:
                 return self._compile_and_store(self.inlined_key, None, t_start)
         vkey = self._verify_key()
         got = self._load(vkey, t_start)
-        if got is not None and got is not _VERIFY_ONLY:
-            return got
+        if got.outcome is Outcome.HIT:
+            return got.executable
         return self._compile_and_store(vkey, None, t_start)
 
     # -- the flow -----------------------------------------------------------------------------
@@ -506,9 +522,9 @@ class _Miss:
         self.fp_key = fp_key
         if fp_key is not None:
             got = self._load(fp_key, t_start)
-            if got is not None and got is not _VERIFY_ONLY:
-                return got
-            if got is _VERIFY_ONLY:
+            if got.outcome is Outcome.HIT:
+                return got.executable
+            if got.outcome is Outcome.VERIFY_ONLY:
                 self.unsound = "manifest could not be fingerprinted (recorded on the first run)"
         if self.unsound is not None:
             self._explain("verify-path", f"taking the verify path: {self.unsound}")
@@ -526,16 +542,17 @@ class _Miss:
             return self._verify_path(t_start)
         return self._compile_and_store(fp_key, manifest, t_start)
 
-    def _load(self, key: str, t_start: float) -> Any:
+    def _load(self, key: str, t_start: float) -> Loaded:
+        """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not."""
         try:
             blob = self.store.get(key)
         except (OSError, StoreError) as e:
             self._store_fault("read", e)
-            return None
+            return _UNUSABLE
         if blob is None:
             self._log_memory_reason()
             self._explain_persistent_miss(key)
-            return None
+            return _ABSENT
         try:
             entry = decode(blob, signing_key=self.cfg.signing_key)
             if entry.header.get("key") != key:
@@ -547,10 +564,10 @@ class _Miss:
                 f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} is unusable "
                 f"({e})", "recompiling and replacing it",
             )
-            return None
+            return _UNUSABLE
         header = entry.header
         if header.get("kind") == "verify-only":
-            return _VERIFY_ONLY
+            return Loaded(Outcome.VERIFY_ONLY)
         if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._may_tier_up:
             # stored before its inlined form was ready: tier up in this process
             self.start_tier_up, self.key = True, key
@@ -559,7 +576,7 @@ class _Miss:
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if changed is not None:
             self._explain("manifest", f"stored entry is stale: {changed}")
-            return None
+            return _STALE
         t0 = time.perf_counter()
         callbacks = None
         # the form the entry was compiled from (its "lowered" digest is of that form): an
@@ -577,7 +594,7 @@ class _Miss:
                         "Please report this with KILN_EXPLAIN=1 output."
                     )
                 self._explain("lowered", "stored module differs from the fresh lowering")
-                return None
+                return _STALE
             callbacks = _jax_compat.host_callbacks(lowered)
         out_tree = None
         static_out = None
@@ -591,7 +608,7 @@ class _Miss:
             static_out = self.box.get(self.box_sig)
             if ("static_out" in entry.sections) != (static_out is not None):
                 self._explain("lowered", "stored entry's outputs differ from the fresh trace")
-                return None
+                return _STALE
         try:
             compiled = _jax_compat.load_compiled(
                 entry.sections, callbacks, out_tree, lapack=bool(header.get("lapack", True))
@@ -606,12 +623,12 @@ class _Miss:
                 f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
                 f"({type(e).__name__}: {e})", "recompiling and replacing it",
             )
-            return None
+            return _UNUSABLE
         load_s = time.perf_counter() - t0
         _stats.bump(hits=1, load_seconds=load_s,
                       saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
-        return compiled
+        return Loaded(Outcome.HIT, compiled)
 
     def _explain_persistent_miss(self, key: str) -> None:
         if not (self.cfg.explain or logger.isEnabledFor(logging.DEBUG)):
@@ -645,46 +662,41 @@ class _Miss:
             self._explain("persistent-miss",
                           "closest stored entry differs in: " + "; ".join(best[:8]))
 
-    def _tier_up_candidate(self) -> bool:
-        """Whether this (traced) program calls kiln.noinline functions that tier-up would
-        inline (and is small enough once inlined); whether tier-up is on is separate."""
-        if self.candidate is None:
-            self.candidate = self._is_tier_up_candidate()
-        return self.candidate
+    # -- derived facts of the traced program (each computed once, on first use) -----------
+    @functools.cached_property
+    def inlined_size(self) -> int:
+        """Equations of the traced program once its tier-up noinline calls are inlined."""
+        assert self.traced is not None  # internal invariant: asked after tracing
+        return _noinline_p.inlined_size(self.traced.jaxpr.jaxpr)
 
-    def _is_tier_up_candidate(self) -> bool:
-        if not self.jf._may_tier_up or self.traced is None:
+    @functools.cached_property
+    def tier_up_candidate(self) -> bool:
+        """Whether this (traced) program calls kiln.noinline functions that tier-up would
+        inline, and is small enough once inlined; whether tier-up is on is separate."""
+        assert self.traced is not None  # internal invariant: asked after tracing
+        if not self.jf._may_tier_up or not _noinline_p.calls_in(self.traced.jaxpr.jaxpr):
             return False
-        jaxpr = self.traced.jaxpr.jaxpr
-        if not _noinline_p.calls_in(jaxpr):
-            return False
-        size = self.inlined_size = _noinline_p.inlined_size(jaxpr)
-        if size > MAX_EQUATIONS:
+        if self.inlined_size > MAX_EQUATIONS:
             self._explain(
                 "tier-up",
-                f"no tier-up: inlined, the program would have {size} equations (more than "
-                f"{MAX_EQUATIONS}); it keeps calling its noinline functions",
+                f"no tier-up: inlined, the program would have {self.inlined_size} equations "
+                f"(more than {MAX_EQUATIONS}); it keeps calling its noinline functions",
             )
             return False
         return True
 
-    def _inline_directly(self) -> bool:
+    @functools.cached_property
+    def inline_directly(self) -> bool:
         """Whether to skip the host-callback tier: inlining the noinline calls makes the program
         at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
-        if self.direct is None:
-            self.direct = self._is_inline_directly()
-        return self.direct
-
-    def _is_inline_directly(self) -> bool:
-        assert self.traced is not None  # internal invariant: called after tracing
-        inlined = self.inlined_size  # set by _tier_up_candidate
+        assert self.traced is not None  # internal invariant: asked after tracing
         separate = _noinline_p.separate_size(self.traced.jaxpr.jaxpr)
-        if inlined > DIRECT_RATIO * separate:
+        if self.inlined_size > DIRECT_RATIO * separate:
             return False
         self._explain(
             "tier-up",
-            f"compiling the program inlined directly: inlined it has {inlined} equations, "
-            f"its separately compiled pieces {separate}",
+            f"compiling the program inlined directly: inlined it has {self.inlined_size} "
+            f"equations, its separately compiled pieces {separate}",
         )
         return True
 
@@ -692,9 +704,9 @@ class _Miss:
         self._log_memory_reason()
         self._trace()
         self.key = key
-        candidate = self._tier_up_candidate()
+        candidate = self.tier_up_candidate
         self.start_tier_up = candidate and self.cfg.tier_up
-        if self.start_tier_up and self._inline_directly():
+        if self.start_tier_up and self.inline_directly:
             # lowered once, inlined: the not-inlined lowering is never made
             self.start_tier_up = False
             with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):

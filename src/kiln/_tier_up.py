@@ -103,7 +103,7 @@ def _compile_inlined(miss: _Miss, swap_in: Callable[[Any], None], structs: list[
     t0 = time.perf_counter()
     if miss.traced is None:  # loaded without tracing: trace now (in this thread)
         miss._trace()
-        if not miss._tier_up_candidate():
+        if not miss.tier_up_candidate:
             return
     result = compile_and_store_inlined(miss, structs, t0)
     swap_in(result)
