@@ -352,6 +352,9 @@ class _Miss:
         self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.trace_seconds = 0.0
+        # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):
+        # what a kiln function pickled by value carries with it
+        self.entries: list[tuple[Store, str]] = []
         structure, aux = _treedef_parts(treedef)
         self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
         extra = list(aux)
@@ -572,7 +575,11 @@ class _Miss:
             # stored before its inlined form was ready: tier up in this process
             self.start_tier_up, self.key = True, key
         t0 = time.perf_counter()
-        changed = check_manifest(header.get("manifest") or [])
+        fun_globals = getattr(self.jf._fun, "__globals__", None)
+        changed = check_manifest(
+            header.get("manifest") or [],
+            (self.jf._module, fun_globals) if isinstance(fun_globals, dict) else None,
+        )
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if changed is not None:
             self._explain("manifest", f"stored entry is stale: {changed}")
@@ -628,6 +635,7 @@ class _Miss:
         _stats.bump(hits=1, load_seconds=load_s,
                       saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
+        self.entries.append((self.store, key))
         return Loaded(Outcome.HIT, compiled)
 
     def _explain_persistent_miss(self, key: str) -> None:
@@ -779,5 +787,7 @@ class _Miss:
             self._store_fault("write to", e)
             return
         _stats.bump(stores_written=1)
+        if header.get("kind") == "executable":
+            self.entries.append((self.store, key))
 
 

@@ -50,6 +50,9 @@ class Config:
         tier_up: under :func:`kiln.jit`, a program that calls :func:`kiln.noinline` functions
             first runs with those calls as host callbacks, while the fully inlined program
             compiles in a background thread and is then swapped in and stored (default on).
+        pickle_max_size: bytes of stored entries a kiln function pickled by value carries
+            with it (``KILN_PICKLE_MAX_SIZE`` accepts ``256MiB``, ...); 0 carries none. Entries
+            past the cap are left out (the receiving process compiles them). Default 256 MiB.
     """
 
     cache_dir: Path
@@ -61,6 +64,7 @@ class Config:
     signing_key: str | None = None
     progress: bool | None = None
     tier_up: bool = True
+    pickle_max_size: int = 256 * 1024**2
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -129,8 +133,8 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
                 f"{where}={str(value)!r}: {e}; give an absolute path or one under your own "
                 "home directory (~/...)"
             ) from None
-    if name == "max_size":
-        return parse_size(value, name="KILN_MAX_SIZE" if from_env else "max_size")
+    if name in ("max_size", "pickle_max_size"):
+        return parse_size(value, name=f"KILN_{name.upper()}" if from_env else name)
     if name in ("explain", "verify", "strict", "tier_up"):
         return _parse_bool(name, value) if from_env else bool(value)
     if name == "progress":

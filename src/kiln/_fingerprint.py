@@ -520,7 +520,7 @@ class _Walker:
     def klass(self, cls: type) -> None:
         """A class: what it is and, for a user class, its methods and class variables; for a
         pytree node type, the flatten / unflatten functions registered for it."""
-        mod = cls.__module__
+        mod = script_module(cls.__module__)
         for i, fn in enumerate(_jax_compat.pytree_node_functions(cls)):
             self.value(f"{mod}.{cls.__qualname__}.<pytree {i}>", fn)
         if not _has_file(cls) or not is_user_file(inspect.getfile(cls)):
@@ -549,7 +549,7 @@ class _Walker:
 
     def function(self, fn: types.FunctionType) -> None:
         code = fn.__code__
-        mod = fn.__module__ or "<no module>"
+        mod = script_module(fn.__module__ or "<no module>")
         if os.path.realpath(code.co_filename).startswith(_KILN_ROOT):
             # kiln's own wrappers (noinline's flat and derived functions): their code is
             # covered by kiln's version; what they close over (the user's function, the
@@ -621,7 +621,7 @@ class _Walker:
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
         names = _code_names(code)
-        modname = g.get("__name__", "?")
+        modname = script_module(g.get("__name__", "?"))
         modules = []
         for name in sorted(names | _module_strings(code)):
             if name in g:
@@ -862,14 +862,25 @@ def _module_names_by_file() -> dict[str, str]:
     return out
 
 
-def _resolve(module: str, qualname: str) -> Any:
+def script_module(name: str) -> str:
+    """A module's name as keys spell it: the script is ``__main__`` also where a spawned worker
+    (multiprocessing, ProcessPoolExecutor) re-imported it as ``__mp_main__``, so the worker
+    finds the entries its parent wrote (``sys.modules["__main__"]`` is that module there)."""
+    return "__main__" if name == "__mp_main__" else name
+
+
+def _resolve(module: str, qualname: str, namespaces: dict[str, Any] | None = None) -> Any:
     """The object at ``module`` + ``qualname``; for ``a.<locals>.b`` the enclosing ``a``.
 
     Decorated functions (``kiln.jit``, ``jax.jit``, ``functools.wraps``) resolve to the function
     they wrap. A module not imported yet is imported (it is user code the program imports while
-    tracing). Returns None when nothing is found.
+    tracing). ``namespaces``: module name -> the globals the compiled function itself runs with
+    (for a function unpickled by value, not the module of that name in this process). Returns
+    None when nothing is found.
     """
-    mod = sys.modules.get(module)
+    mod = namespaces.get(module) if namespaces else None
+    if mod is None:
+        mod = sys.modules.get(module)
     if mod is None and module != "__main__":
         try:
             mod = importlib.import_module(module)
@@ -1012,12 +1023,20 @@ def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
 
 
 
-def check_manifest(items: list[list[str]]) -> str | None:
+def check_manifest(
+    items: list[list[str]], fun_globals: tuple[str, dict[str, Any]] | None = None
+) -> str | None:
     """None if every manifest item still hashes the same, else a description of the first change.
 
     A module item names a module the cold trace imported; one this process has not imported yet
     is imported here (as the trace it replaces would have), so its values can be compared.
+    ``fun_globals``: (module name, globals) of the compiled function: names of that module are
+    looked up where the function itself looks them up (a function unpickled by value carries its
+    own globals, and this process's module of that name may not hold them).
     """
+    namespaces = None
+    if fun_globals is not None:
+        namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])}
     for module, qualname, digest, *rest in items:
         if qualname == "<module>":
             # a module the cold trace imported: import it now if this process has not
@@ -1029,7 +1048,7 @@ def check_manifest(items: list[list[str]]) -> str | None:
             if now != digest:
                 return f"values read from module {module} changed"
             continue
-        fn = _resolve(module, qualname)
+        fn = _resolve(module, qualname, namespaces)
         if not isinstance(fn, types.FunctionType):
             return f"{module}.{qualname} no longer exists"
         try:

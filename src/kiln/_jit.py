@@ -29,6 +29,7 @@ import copy
 import functools
 import inspect
 import logging
+import sys
 import threading
 import types
 import warnings
@@ -39,7 +40,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _args, _explain, _jax_compat, _stages, _stats, _tier_up
+from . import _args, _explain, _jax_compat, _stages, _stats, _tier_up, _travel
 from ._args import ARRAY_TYPES as _ARRAY_TYPES
 from ._args import STATIC_LEAF as _STATIC_LEAF
 from ._compile import (
@@ -51,6 +52,7 @@ from ._compile import (
 )
 from ._config import Config
 from ._errors import StaticArgumentError
+from ._fingerprint import script_module
 from ._hashing import Unpersistable, ndarray_key, static_digest
 
 __all__ = ["JitFunction"]
@@ -99,12 +101,16 @@ _shared: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDiction
 _shared_lock = threading.Lock()
 
 
-def _shared_state(fun: Any, options: Any) -> tuple[dict[Any, Any], threading.RLock]:
-    """(in-process table, its lock) for ``fun`` with ``options``: one per function object and
-    options while the function lives; private when ``fun`` cannot be weakly referenced or
-    hashed (a bound method is a new object on every access). The table's keys, in insertion
-    order, are the signatures compiled so far."""
-    fresh: tuple[dict[Any, Any], threading.RLock] = ({}, threading.RLock())
+def _shared_state(
+    fun: Any, options: Any
+) -> tuple[dict[Any, Any], threading.RLock, list[list[Any]]]:
+    """(in-process table, its lock, the (store, key) entries of each miss) for ``fun`` with
+    ``options``:
+    one per function object and options while the function lives; private when ``fun`` cannot
+    be weakly referenced or hashed (a bound method is a new object on every access). The
+    table's keys, in insertion order, are the signatures compiled so far."""
+    fresh: tuple[dict[Any, Any], threading.RLock, list[list[Any]]] = (
+        {}, threading.RLock(), [])
     if isinstance(fun, types.MethodType):
         return fresh
     try:
@@ -198,6 +204,14 @@ def _static_caller(
     return call
 
 
+def _unpickle(fun: Any, ctor: dict[str, Any], entries: list[tuple[str, bytes]]) -> JitFunction:
+    """A kiln function pickled by value, made again; its carried entries go to this process's
+    store (verified first), where its calls find them."""
+    if entries:
+        _travel.store_carried(entries)
+    return JitFunction(fun, **ctor)
+
+
 def _frozen(v: Any) -> Any:
     """A static value as it is now. What is traced from it is kept (per digest) for later
     signatures too, and an unhashable value (a numpy array, a list) may be changed in place
@@ -268,6 +282,14 @@ class JitFunction:
         if callable(fun):
             functools.update_wrapper(self, fun)
         self._fun = fun
+        # as given, to make this function again where it is unpickled (by value)
+        self._ctor = dict(
+            static_argnums=static_argnums, static_argnames=static_argnames,
+            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+            keep_unused=keep_unused, device=device, backend=backend, inline=inline,
+            compiler_options=compiler_options, in_shardings=in_shardings,
+            out_shardings=out_shardings, _filter=_filter,
+        )
         # kiln.filter_jit (equinox's contract): its donate mode; None for kiln.jit
         self._filter = _filter
         self._filter_warning = _filter in ("all", "all-except-first")
@@ -328,7 +350,7 @@ class JitFunction:
         # Like jax.jit, whose caches hang off the function: kiln.jit(f) made again around the
         # same function object with the same options shares the executables of this process
         # (no retrace, no store read). Held while f lives.
-        self._table, self._lock = _shared_state(fun, (
+        self._table, self._lock, self._entries = _shared_state(fun, (
             self._static_argnums, self._static_argnames, self._donate_argnums,
             self._donate_argnames, repr(sorted(self._jit_options.items())), _filter,
             _option_text(in_shardings), _option_text(out_shardings),
@@ -341,7 +363,7 @@ class JitFunction:
         self._has_statics = bool(self._static_argnums or self._static_argnames)
         _instances.add(self)
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
-        self._module = getattr(fun, "__module__", None) or type(fun).__module__
+        self._module = script_module(getattr(fun, "__module__", None) or type(fun).__module__)
         # The C++ dispatcher jax.jit uses, static arguments included (hashed and compared by
         # jax as jax.jit's are; those with no hash of their own, arrays by value, by kiln's
         # digest through _StaticValue). Negative static_argnums need the call's length: Python.
@@ -391,10 +413,21 @@ class JitFunction:
         kind = "kiln.jit" if self._filter is None else "kiln.filter_jit"
         return f"<{kind} {self._module}.{self._name}>"
 
-    def __reduce__(self) -> str:
-        # pickled by reference, as functions and jax.jit's are: a module-level kiln.jit
-        # function unpickles as itself; anything else fails naming the function
-        return str(getattr(self, "__qualname__", self._name))
+    def __reduce__(self) -> Any:
+        """By reference when this very object can be found again by module and name (as
+        functions and jax.jit's are); otherwise by value (``__main__``, a notebook, a closure:
+        needs cloudpickle for the function itself), carrying the stored entries of the
+        signatures compiled so far (``pickle_max_size``). Unpickling is trusted, as pickle
+        always is: a pickle can run any code."""
+        name = str(getattr(self, "__qualname__", self._name))
+        module = sys.modules.get(str(getattr(self, "__module__", "")))
+        found: Any = module
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if found is self:
+            return name
+        entries = [e for per_miss in list(self._entries) for e in list(per_miss)]
+        return (_unpickle, (self._fun, self._ctor, _travel.carried_entries(entries)))
 
     # -- argument handling -----------------------------------------------------------------
     def _split(
@@ -890,6 +923,7 @@ class JitFunction:
                 miss._log_memory_reason()  # costly even when the store hits: say it now
             compiled = miss.run()
             self._table[key] = compiled
+            self._entries.append(miss.entries)  # (tier-up may add to it later)
             if miss.start_tier_up:
                 _tier_up.start(miss, functools.partial(self._swap_in, key))
             return compiled

@@ -1,0 +1,84 @@
+"""Compiled programs that travel with a pickled kiln function.
+
+A kiln function that cannot be found again by module and name (defined in ``__main__``, a
+notebook, a closure) pickles by value (with cloudpickle) and carries the stored entries of the
+signatures it has compiled: :func:`carried_entries` reads them from the store, up to
+``pickle_max_size`` bytes; :func:`store_carried` writes them into the receiving process's store,
+each verified first (digest or signature, and the key it was written for) like any entry read
+from a store. The receiving process then finds them as it would its own (jax-ml/jax #4572: a
+pickled jitted function "behaves like an uncompiled function").
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Iterable
+
+from ._config import get_config
+from ._entry import decode
+from ._errors import EntryError, StoreError, StoreWarning
+from .stores import Store, open_store
+
+__all__ = ["carried_entries", "store_carried"]
+
+logger = logging.getLogger("kiln")
+
+
+def carried_entries(entries: Iterable[tuple[Store, str]]) -> list[tuple[str, bytes]]:
+    """``(key, entry bytes)`` of each ``(store, key)`` (the store it was loaded from or written
+    to), in order, while their total stays within ``pickle_max_size`` (0: none). A store that
+    cannot be read gives what was read so far."""
+    budget = get_config().pickle_max_size
+    out: list[tuple[str, bytes]] = []
+    if budget <= 0:
+        return out
+    seen: set[str] = set()
+    try:
+        for store, key in entries:
+            if key in seen:
+                continue
+            seen.add(key)
+            blob = store.get(key)
+            if blob is None:
+                continue
+            if len(blob) > budget:
+                logger.debug("kiln: entry %s not carried (pickle_max_size reached)", key[:12])
+                continue
+            budget -= len(blob)
+            out.append((key, blob))
+    except (OSError, StoreError) as e:
+        logger.debug("kiln: carried entries cut short: %s", e)
+    return out
+
+
+def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
+    """Write carried entries into this process's store; each one is decoded first (digest or
+    signature, and the key it was written for) and refused with a :class:`StoreWarning` when
+    it does not verify. Returns how many were written. Never raises for a store problem."""
+    cfg = get_config()
+    written = 0
+    try:
+        store = open_store(cfg)
+    except (OSError, StoreError) as e:
+        warnings.warn(f"kiln: carried entries not stored ({e}); they will be compiled",
+                      StoreWarning, stacklevel=3)
+        return 0
+    for key, blob in entries:
+        try:
+            entry = decode(blob, signing_key=cfg.signing_key)
+            if entry.header.get("key") != key:
+                raise EntryError(f"written for key {str(entry.header.get('key'))[:12]}")
+        except EntryError as e:
+            warnings.warn(f"kiln: a carried entry {key[:12]} is unusable ({e}); it will be "
+                          "compiled", StoreWarning, stacklevel=3)
+            continue
+        try:
+            if store.get(key) is None:
+                store.put(key, blob)
+            written += 1
+        except (OSError, StoreError) as e:
+            warnings.warn(f"kiln: carried entries not stored ({e}); they will be compiled",
+                          StoreWarning, stacklevel=3)
+            break
+    return written
