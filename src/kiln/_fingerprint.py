@@ -132,6 +132,15 @@ def _code_names(code: types.CodeType) -> frozenset[str]:
     return frozenset(names)
 
 
+def _nested_codes(code: types.CodeType) -> set[types.CodeType]:
+    """``code`` and every code object nested in it (lambdas, local functions, comprehensions)."""
+    out = {code}
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _nested_codes(c)
+    return out
+
+
 @functools.lru_cache(maxsize=8192)
 def code_digest(code: types.CodeType) -> str:
     """Digest of a code object: bytecode, constants (nested code recursively), names, arity.
@@ -564,7 +573,9 @@ class _Walker:
         for attr, item in sorted(vars(fn).items()):  # ``helper.K = 2.0`` set on the function
             self.value(f"{qual}.{attr}", item)
         if code not in self.codes:
-            self.codes.add(code)
+            # its nested functions (lambdas, local defs) too: their code is in this code's
+            # digest, the globals they read in its names, and what they close over in its cells
+            self.codes |= _nested_codes(code)
             self.names |= _code_names(code)
             self.add(f"code:{qual}", code_digest(code))
             iterated = iterated_set_constant(code)
