@@ -232,14 +232,19 @@ def _is_static_output(x: Any, depth: int = 4) -> bool:
 
 
 
+def with_static_outputs(outs: Any, out_tree: Any, static_out: dict[int, Any]) -> Any:
+    """The full output: the array leaves ``outs`` of an executable, with the non-array leaves
+    that were split off at trace time put back in their places."""
+    it = iter(outs)
+    return out_tree.unflatten([static_out[i] if i in static_out else next(it)
+                               for i in range(out_tree.num_leaves)])
+
+
 def _with_static_outputs(compiled: Any, out_tree: Any, static_out: dict[int, Any]) -> Any:
     """Wrap an executable whose non-JAX outputs were split off at trace time."""
-    n = out_tree.num_leaves
 
     def call(*leaves: Any) -> Any:
-        it = iter(compiled(*leaves))
-        return out_tree.unflatten([static_out[i] if i in static_out else next(it)
-                                   for i in range(n)])
+        return with_static_outputs(compiled(*leaves), out_tree, static_out)
 
     return call
 

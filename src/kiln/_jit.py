@@ -49,6 +49,7 @@ from ._compile import (
     _is_static_output,
     _Miss,
     _option_text,
+    with_static_outputs,
 )
 from ._config import Config
 from ._errors import StaticArgumentError
@@ -567,7 +568,7 @@ class JitFunction:
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
         donate = self._donated_leaves(statics, n_dyn, treedef, static_leaves)
-        shardings = self._flat_shardings(statics, n_dyn, treedef, static_leaves)
+        shardings = self._flat_shardings(treedef, static_leaves)
         got = self._flat[cache_key] = (
             direct, self._inner_jit(inner, donate_argnums=donate, **shardings), box
         )
@@ -581,13 +582,7 @@ class JitFunction:
             return False
         return not isinstance(spec, tuple | list) or len(spec) == len(dyn_args)
 
-    def _flat_shardings(
-        self,
-        statics: tuple[tuple[Any, Any], ...],
-        n_dyn: int,
-        treedef: Any,
-        static_leaves: dict[int, Any],
-    ) -> dict[str, Any]:
+    def _flat_shardings(self, treedef: Any, static_leaves: dict[int, Any]) -> dict[str, Any]:
         """``in_shardings`` per array leaf (jax.jit's is a prefix of the dynamic positional
         arguments) and ``out_shardings`` as given."""
         out: dict[str, Any] = {}
@@ -747,12 +742,7 @@ class JitFunction:
                                            static_key)
         out = jitted(*leaves)
         static_out = box.get(_abstract_sig(leaves))
-        if static_out is None:
-            return out
-        out_tree, values = static_out
-        it = iter(out)
-        return out_tree.unflatten([values[i] if i in values else next(it)
-                                   for i in range(out_tree.num_leaves)])
+        return out if static_out is None else with_static_outputs(out, *static_out)
 
     def _static_leaves(
         self, leaves: list[Any], sigs: tuple[Any, ...], treedef: Any
@@ -825,8 +815,7 @@ class JitFunction:
                 call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef,
                                   miss() if key not in self._table else None)
             return _stages.Compiled(call, self._aot_check(key, treedef, sigs, dyn_args,
-                                                          dyn_kwargs, statics),
-                                    call, lowering)
+                                                          dyn_kwargs, statics), lowering)
 
         return _stages.Lowered(lowering, compile)
 

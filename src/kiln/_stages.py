@@ -67,19 +67,17 @@ class Compiled:
     """
 
     def __init__(self, call: Callable[..., Any], check: Callable[[tuple[Any, ...],
-                 dict[str, Any]], list[Any]], executable: Any,
-                 lowering: Callable[[], jax.stages.Lowered]) -> None:
-        self._call = call
+                 dict[str, Any]], list[Any]], lowering: Callable[[], jax.stages.Lowered]) -> None:
+        self._call = call  # the executable (a jax Compiled, or one wrapped by kiln)
         self._check = check
-        self._executable = executable
         self._lowering = lowering
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(*self._check(args, kwargs))
 
     def _jax_compiled(self) -> Any:
-        if isinstance(self._executable, jax.stages.Compiled):
-            return self._executable
+        if isinstance(self._call, jax.stages.Compiled):
+            return self._call
         return None
 
     def as_text(self) -> str | None:
