@@ -202,8 +202,13 @@ def test_dtype_matters_with_identical_bytes() -> None:
 
 def test_non_contiguous_view_equals_contiguous_copy() -> None:
     a = np.arange(24.0).reshape(4, 6)
-    for view in (a[:, ::2], a.T, a[::-1], a[1:3, 2:5]):
-        assert d(view) == d(np.ascontiguousarray(view))
+    big_endian = a.astype(">f8")
+    bf16 = a.astype(jnp.bfloat16)  # exports no buffer: hashed through a uint8 view
+    for base in (a, big_endian, bf16):
+        for view in (base[:, ::2], base.T, base[::-1], base[1:3, 2:5]):
+            assert d(view) == d(np.ascontiguousarray(view))
+            assert _hashing.ndarray_key(view) == _hashing.ndarray_key(np.ascontiguousarray(view))
+    assert d(big_endian) != d(a)  # the byte order is part of the dtype
 
 
 def test_in_place_mutation_changes_digest() -> None:
