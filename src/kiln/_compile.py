@@ -193,10 +193,11 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
         key, manifest = miss.inlined_key, None
     else:
         return result
-    header = miss._header(mode, manifest, seconds, seconds)
     # the digest of what was compiled: a warm process checks it (audit mode, callbacks
     # rebuilt by tracing) against its own inlined lowering
-    header["lowered"], header["lapack"] = miss.inlined_digest, miss.inlined_lapack
+    assert miss.inlined_digest is not None  # internal invariant: set with the lowering
+    header = miss._header(mode, manifest, seconds, seconds,
+                          miss.inlined_digest, miss.inlined_lapack)
     header["tier"] = "inlined"
     miss._put(key, header, sections)
     return result
@@ -347,8 +348,6 @@ class _Miss:
         self.start_tier_up = False
         self.key: str | None = None
         self.fp_key: str | None = None
-        self.lowered_digest: str | None = None
-        self.lapack = True
         # the inlined form's lowering (tier-up), and its key on the verify path
         self.inlined_lowered: jax.stages.Lowered | None = None
         self.inlined_digest: str | None = None
@@ -478,7 +477,6 @@ class _Miss:
             traced = self._trace()
             t0 = time.perf_counter()
             self.lowered = traced.lower()
-            self.lowered_digest, self.lapack = _jax_compat.lowered_facts(self.lowered)
             self.trace_seconds += time.perf_counter() - t0
         return self.lowered
 
@@ -503,8 +501,7 @@ class _Miss:
         if inlined:
             self._inlined_lowering()
             return make_key(self.base_parts + [("lowered-inlined", str(self.inlined_digest))])
-        self._trace_lower()
-        return make_key(self.base_parts + [("lowered", str(self.lowered_digest))])
+        return make_key(self.base_parts + [("lowered", self.lowered_facts[0])])
 
     def _verify_path(self, t_start: float) -> Any:
         """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
@@ -596,7 +593,7 @@ class _Miss:
         inlined_form = header.get("tier") == "inlined"
         if header.get("callbacks") == "trace" or self.cfg.verify:
             lowered = self._lowering_of(inlined_form)
-            digest = self.inlined_digest if inlined_form else self.lowered_digest
+            digest = self.inlined_digest if inlined_form else self.lowered_facts[0]
             if digest != header.get("lowered"):
                 if self.cfg.verify:
                     raise VerifyError(
@@ -677,6 +674,17 @@ class _Miss:
 
     # -- derived facts of the traced program (each computed once, on first use) -----------
     @functools.cached_property
+    def lowered_facts(self) -> tuple[str, bool]:
+        """(sha256 of the not-inlined lowered module's text, whether it calls LAPACK): the
+        verify path's key and the entry header's ``lowered`` / ``lapack``."""
+        return _jax_compat.lowered_facts(self._trace_lower())
+
+    @functools.cached_property
+    def called_names(self) -> list[str]:
+        """The kiln.noinline functions the traced program calls (for ``kiln ls``)."""
+        return [] if self.traced is None else _noinline_p.called_names(self.traced.jaxpr.jaxpr)
+
+    @functools.cached_property
     def inlined_size(self) -> int:
         """Equations of the traced program once its tier-up noinline calls are inlined."""
         assert self.traced is not None  # internal invariant: asked after tracing
@@ -729,20 +737,35 @@ class _Miss:
             _stats.bump(misses=1)
             return result
         lowered = self._trace_lower()
+        # The header's facts (the lowered module's digest, the noinline calls) are Python work
+        # XLA's compile does not wait on: computed on a thread while compile runs without the
+        # GIL (~0.05 s of the Lotka-Volterra fit's cold start off the critical path).
+        facts = threading.Thread(target=self._header_facts, name="kiln-header-facts",
+                                 daemon=True)
+        facts.start()
         t0 = time.perf_counter()
-        with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
-            compiled = lowered.compile()
+        try:
+            with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
+                compiled = lowered.compile()
+        finally:
+            facts.join()
         compile_s = time.perf_counter() - t0
         total = time.perf_counter() - t_start
         _stats.bump(misses=1, compiles=1, compile_seconds=total)
         result, sections, mode = self._serialize(compiled)
         if sections is None:
             return result
-        header = self._header(mode, manifest, total, compile_s)
+        header = self._header(mode, manifest, total, compile_s, *self.lowered_facts)
         if candidate:
             header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
         self._put(key, header, sections)
         return result
+
+    def _header_facts(self) -> None:
+        try:
+            self.lowered_facts, self.called_names  # noqa: B018 - cached on first use
+        except Exception:  # noqa: BLE001, S110 - raised again where the header reads them
+            pass
 
     def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
         """(the callable, its entry sections or None when it cannot be stored, callbacks mode).
@@ -759,9 +782,11 @@ class _Miss:
         return result, sections, mode
 
     def _header(
-        self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float
+        self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float,
+        lowered: str, lapack: bool,
     ) -> dict[str, Any]:
-        """The header of an executable entry (``manifest`` None: keyed by the lowered module)."""
+        """The header of an executable entry (``manifest`` None: keyed by the lowered module;
+        ``lowered``, ``lapack``: the facts of the module it was compiled from)."""
         header: dict[str, Any] = {
             "kind": "executable",
             "function": f"{self.jf._module}.{self.jf._name}",
@@ -770,16 +795,15 @@ class _Miss:
             "fp_parts": [list(p) for p in self.fp.parts] if manifest is not None else [],
             "manifest": manifest or [],
             "callbacks": mode,
-            "lowered": self.lowered_digest,
-            "lapack": self.lapack,
+            "lowered": lowered,
+            "lapack": lapack,
             "compile_seconds": total,
             "xla_compile_seconds": compile_s,
             "trace_seconds": self.trace_seconds,
             "created": time.time(),
         }
-        called = [] if self.traced is None else _noinline_p.called_names(self.traced.jaxpr.jaxpr)
-        if called:
-            header["noinline"] = called  # for `kiln ls`: the noinline functions it calls
+        if self.called_names:
+            header["noinline"] = self.called_names  # for `kiln ls`: the noinline functions it calls
         return header
 
     def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
