@@ -26,11 +26,15 @@ def kiln_store(tmp_path, monkeypatch):
     """A private local store under tmp_path; process-wide settings restored afterwards."""
     for var in [v for v in os.environ if v.startswith("KILN_")]:
         monkeypatch.delenv(var)
+    # JAX's own cache stays off unless a test turns the kiln:// route on (tests/test_jax_cache.py):
+    # the suite counts kiln's entries and JAX's compiles
+    monkeypatch.setenv("KILN_JAX_CACHE", "0")
     cache = tmp_path / "kiln-cache"
     kiln.configure(cache_dir=cache, store=None, verify=_VERIFY)
     kiln.reset_stats()
     yield cache
     assert kiln.wait_for_tier_up(timeout=300), "a background tier-up compile did not finish"
+    kiln.disable_jax_cache()
     kiln.configure(cache_dir=None, store=None, verify=None, explain=None, strict=None,
                    signing_key=None, max_size=None, progress=None, tier_up=None)
 
@@ -214,6 +218,7 @@ class Program:
         }
         child_env.update(
             KILN_CACHE_DIR=str(self.cache),
+            KILN_JAX_CACHE="0",
             JAX_PLATFORMS="cpu",
             PYTHONDONTWRITEBYTECODE="1",
         )

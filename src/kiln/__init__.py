@@ -2,10 +2,15 @@
 
 from ._api import filter_jit as filter_jit
 from ._api import jit as jit
+from ._bundle import ImportedEntry as ImportedEntry
+from ._bundle import ImportReport as ImportReport
+from ._bundle import export_entries as export_entries
+from ._bundle import import_entries as import_entries
 from ._config import Config as Config
 from ._config import config_context as config_context
 from ._config import configure as configure
 from ._config import get_config as get_config
+from ._errors import BundleError as BundleError
 from ._errors import ConfigError as ConfigError
 from ._errors import EntryError as EntryError
 from ._errors import KilnError as KilnError
@@ -14,6 +19,8 @@ from ._errors import StaticArgumentError as StaticArgumentError
 from ._errors import StoreError as StoreError
 from ._errors import StoreWarning as StoreWarning
 from ._errors import VerifyError as VerifyError
+from ._jax_cache import disable_jax_cache as disable_jax_cache
+from ._jax_cache import enable_jax_cache as enable_jax_cache
 from ._jit import JitFunction as JitFunction
 from ._noinline import DynamicNoinline as DynamicNoinline
 from ._noinline import NoinlineFunction as NoinlineFunction
@@ -27,11 +34,14 @@ from ._tier_up import wait_for_tier_up as wait_for_tier_up
 from ._version import __version__ as __version__
 
 __all__ = [
+    "BundleError",
     "Compiled",
     "Config",
     "ConfigError",
     "DynamicNoinline",
     "EntryError",
+    "ImportReport",
+    "ImportedEntry",
     "JitFunction",
     "KilnError",
     "KilnWarning",
@@ -44,8 +54,12 @@ __all__ = [
     "VerifyError",
     "config_context",
     "configure",
+    "disable_jax_cache",
+    "enable_jax_cache",
+    "export_entries",
     "filter_jit",
     "get_config",
+    "import_entries",
     "jit",
     "noinline",
     "reset_stats",

@@ -8,6 +8,8 @@ Verbs::
     kiln verify [--json] [--delete-bad]   decode every entry and check its digest / signature
     kiln prune --max-size SIZE [--dry-run]
     kiln clear --yes | --dry-run
+    kiln export [--function NAME ...] [--json] FILE   selected entries into one bundle file
+    kiln import [--json] FILE             load a bundle's entries that fit this machine
     kiln demo [--runs N] [--script PATH] [--json]
 
 Every verb works on the store of kiln's configuration (``KILN_STORE``, ``KILN_CACHE_DIR``, ...);
@@ -35,7 +37,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _config, _stats
+from . import _config, _jax_cache, _stats
 from ._errors import KilnError
 
 __all__ = ["main"]
@@ -439,9 +441,56 @@ def _cmd_clear(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ._bundle import write_bundle
+
+    _open_store()  # a store kiln would refuse is an error here
+    done = write_bundle(args.file, args.function)
+    for key, why in done.skipped:
+        _note(f"entry {key[:12]} not exported: {why}")
+    if args.json:
+        _say(json.dumps({
+            "bundle": done.path, "store": done.store, "entries": done.entries,
+            "bytes": done.size, "signed": done.signed,
+            "skipped": [{"key": k, "reason": why} for k, why in done.skipped],
+        }, indent=2))
+        return 0
+    functions = len({r["function"] for r in done.entries})
+    digest = "signed with KILN_SIGNING_KEY" if done.signed else "SHA-256, not signed"
+    _say(f"exported {_entries(len(done.entries))} of {functions} function(s) "
+         f"({_human_size(done.size)}, {digest}) from {done.store} to {done.path}")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from ._bundle import import_entries
+
+    _open_store()
+    report = import_entries(args.file)
+    counts = {"loaded": len(report.loaded), "present": len(report.present),
+              "skipped": len(report.skipped)}
+    if args.json:
+        _say(json.dumps({
+            "bundle": report.bundle, "store": report.store,
+            "entries": [dataclasses.asdict(e) for e in report.entries], **counts,
+        }, indent=2))
+        return 0
+    for e in report.entries:
+        _say(f"{e.status:<7} {e.key[:12]} {e.function}" + (f": {e.reason}" if e.reason else ""))
+    _say(f"{_entries(len(report.entries))} in {report.bundle}: {counts['loaded']} loaded, "
+         f"{counts['present']} already in the store, {counts['skipped']} skipped; "
+         f"store: {report.store}")
+    if report.skipped:
+        _note("skipped entries were not loaded (reasons above); kiln compiles their functions "
+              "on first call here")
+    return 0
+
+
 # -- kiln run ------------------------------------------------------------------------------------
 def _stats_delta(before: Any, after: Any) -> dict[str, float]:
-    return {f: getattr(after, f) - getattr(before, f) for f in (*_STATS_FIELDS, "bad_entries")}
+    return {f: getattr(after, f) - getattr(before, f)
+            for f in (*_STATS_FIELDS, "bad_entries", "jax_cache_hits", "jax_cache_misses",
+                      "jax_cache_writes")}
 
 
 def _format_summary(delta: dict[str, float]) -> str:
@@ -455,6 +504,11 @@ def _format_summary(delta: dict[str, float]) -> str:
     ]
     if delta["bad_entries"]:
         parts.append(f"bad_entries: {int(delta['bad_entries'])}")
+    if delta["jax_cache_hits"] or delta["jax_cache_misses"]:
+        # plain jax.jit programs through JAX's cache routed into the store (kiln://)
+        parts.append(f"jax cache hits: {int(delta['jax_cache_hits'])}, "
+                     f"misses: {int(delta['jax_cache_misses'])}, "
+                     f"written: {int(delta['jax_cache_writes'])}")
     return "kiln: " + ", ".join(parts)
 
 
@@ -499,6 +553,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("%(message)s"))
         kiln_logger.addHandler(handler)
+    if _config.get_config().jax_cache:
+        # unchanged jax.jit code too: JAX's own cache reads and writes the store (kiln://)
+        _jax_cache.enable_jax_cache()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args.script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
@@ -527,10 +584,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- kiln demo -----------------------------------------------------------------------------------
-def _default_demo_script() -> Path:
-    import kiln
+#: What the demo program imports beyond kiln's own dependencies (the ``examples`` extra).
+_DEMO_NEEDS = ("equinox", "diffrax", "optimistix")
 
-    return Path(kiln.__file__).resolve().parents[2] / "examples" / "lotka_volterra.py"
+
+def _default_demo_script() -> Path:
+    """The demo program shipped with kiln, ``kiln_demo/lotka_volterra.py``: located, never
+    imported here (``kiln demo`` runs it as a script in fresh processes)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("kiln_demo")
+    if spec is None or not spec.submodule_search_locations:
+        raise _Failure("the demo program is not installed (package kiln_demo, part of kiln); "
+                       "reinstall kiln, or pass --script PATH")
+    missing = [m for m in _DEMO_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise _Failure(f"the demo needs {', '.join(missing)}, not installed; install kiln's "
+                       "examples extra: pip install 'jax-kiln[examples]'")
+    return Path(next(iter(spec.submodule_search_locations))) / "lotka_volterra.py"
 
 
 def _run_example(script: Path, jit: str, env: dict[str, str]) -> dict[str, Any]:
@@ -575,14 +646,15 @@ def _params_text(params: Any) -> str:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.runs < 1:
+        raise _Failure(f"--runs must be >= 1, got {args.runs}", code=2)
     script = Path(args.script) if args.script else _default_demo_script()
     if not script.is_file():
         raise _Failure(
-            f"demo script not found: {script}; the demo runs examples/lotka_volterra.py from a "
-            "source checkout of kiln; pass --script PATH to point at it"
+            f"demo script not found: {script}; "
+            + ("pass the path of an existing script" if args.script
+               else "the kiln_demo package is incomplete: reinstall kiln, or pass --script PATH")
         )
-    if args.runs < 1:
-        raise _Failure(f"--runs must be >= 1, got {args.runs}", code=2)
 
     # (label, jit mode, environment key, repeat?)
     plan = [
@@ -713,6 +785,9 @@ def _parser() -> argparse.ArgumentParser:
         "run", parents=common, help="run a Python script with kiln; print hits/misses at exit",
         description="Run SCRIPT as __main__ with kiln configured; print a summary of hits, "
         "misses, traces, compiles and compile seconds spent / saved to stderr at exit. "
+        "JAX's own persistent cache is routed into kiln's store (kiln://), so code that calls "
+        "jax.jit itself, unchanged, skips its compiles on a second run (KILN_JAX_CACHE=0 "
+        "turns that off; a jax_compilation_cache_dir you set is left alone). "
         "Exits with the script's status.",
     )
     run.add_argument("--explain", action="store_true",
@@ -757,17 +832,46 @@ def _parser() -> argparse.ArgumentParser:
     clear.add_argument("--dry-run", action="store_true", help="only count what would go")
     clear.set_defaults(func=_cmd_clear)
 
+    export = sub.add_parser(
+        "export", parents=common, help="write entries of the store into one bundle file",
+        description="Write the store's entries (or those of the functions named by --function) "
+        "into FILE, to load on another machine with 'kiln import'. Each entry is verified "
+        "first; the bundle records kiln, jax and jaxlib versions, platform and device kind, and "
+        "per entry its key, function, size and SHA-256; the whole file carries a SHA-256 "
+        "digest, or an HMAC-SHA256 signature when KILN_SIGNING_KEY is set. Exits 1 when no "
+        "entry matches (nothing is written).",
+    )
+    export.add_argument("file", metavar="FILE", help="the bundle file to write (replaced)")
+    export.add_argument("--function", action="append", metavar="NAME",
+                        help="only entries of this function: module.qualname as 'kiln ls' "
+                        "shows it, or its last component; repeatable")
+    export.add_argument("--json", action="store_true", help="machine-readable output")
+    export.set_defaults(func=_cmd_export)
+
+    import_ = sub.add_parser(
+        "import", parents=common, help="load a bundle's entries into the store",
+        description="Load the entries of a bundle written by 'kiln export' into the store. The "
+        "whole bundle is refused (exit 1, nothing imported) when its digest or signature does "
+        "not match: a changed byte, or another KILN_SIGNING_KEY. Entries that do not verify "
+        "here, or were built for another kiln, jax or jaxlib version, platform or devices, "
+        "are listed with the reason and not loaded; the import still exits 0.",
+    )
+    import_.add_argument("file", metavar="FILE", help="the bundle file to read")
+    import_.add_argument("--json", action="store_true", help="machine-readable output")
+    import_.set_defaults(func=_cmd_import)
+
     demo = sub.add_parser(
         "demo", parents=common,
         help="time the Lotka-Volterra fit: kiln cold / warm vs jax.jit, each a fresh process",
-        description="Run examples/lotka_volterra.py in fresh processes: kiln with an empty "
+        description="Run the Lotka-Volterra fit shipped with kiln (kiln_demo/lotka_volterra.py; "
+        "needs the examples extra) in fresh processes: kiln with an empty "
         "store, kiln warm, plain jax.jit, and jax.jit with JAX's persistent cache; print the "
         "time to first result of each and check that all fitted the same parameters.",
     )
     demo.add_argument("--runs", type=int, default=1, metavar="N",
                       help="repeat the warm rows N times and report the median (default 1)")
     demo.add_argument("--script", metavar="PATH",
-                      help="the example to run (default: examples/lotka_volterra.py)")
+                      help="the program to run (default: kiln_demo/lotka_volterra.py)")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(func=_cmd_demo)
     return parser

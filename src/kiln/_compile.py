@@ -13,7 +13,6 @@ import dataclasses
 import enum
 import functools
 import logging
-import os
 import sys
 import threading
 import time
@@ -31,9 +30,10 @@ from ._config import get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StoreError, StoreWarning, VerifyError
 from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
+from ._jax_cache import kiln_compiling
 from ._key import environment_parts, make_key
 from ._progress import compiling
-from .stores import Store, open_store
+from .stores import Store, open_store, store_fault, user_stacklevel
 
 logger = logging.getLogger("kiln")
 
@@ -123,8 +123,6 @@ def _option_text(v: Any) -> str | None:
     return f"{tree}:{texts}"
 
 
-
-
 # Above this many equations once inlined (a recursive noinline function grows exponentially),
 # a program keeps calling its noinline functions instead of tiering up.
 MAX_EQUATIONS = 50_000
@@ -172,7 +170,8 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     want, got = _arg_avals(miss.traced), _arg_avals(lowered)
     if want != got:  # never swap in or store an executable of another signature
         raise RuntimeError(f"inlined program takes {got}, the program {want}")
-    compiled = _jax_compat.with_out_tree(lowered.compile(), miss.traced.out_tree)
+    with kiln_compiling():
+        compiled = _jax_compat.with_out_tree(lowered.compile(), miss.traced.out_tree)
     seconds = time.perf_counter() - t0
     _stats.bump(compiles=1, compile_seconds=seconds)
     result, sections, mode = miss._serialize(compiled)
@@ -207,8 +206,6 @@ def _arg_avals(stage: jax.stages.Traced | jax.stages.Lowered) -> list[str]:
     return [str(a._aval) for a in jax.tree_util.tree_leaves(stage.args_info)]
 
 
-
-
 def _is_static_output(x: Any, depth: int = 4) -> bool:
     """Whether a non-array output leaf can be returned outside the executable (as
     ``equinox.filter_jit`` does): not an iterator or generator, and holding no tracer (a
@@ -231,8 +228,6 @@ def _is_static_output(x: Any, depth: int = 4) -> bool:
     return True
 
 
-
-
 def with_static_outputs(outs: Any, out_tree: Any, static_out: dict[int, Any]) -> Any:
     """The full output: the array leaves ``outs`` of an executable, with the non-array leaves
     that were split off at trace time put back in their places."""
@@ -250,8 +245,6 @@ def _with_static_outputs(compiled: Any, out_tree: Any, static_out: dict[int, Any
     return call
 
 
-
-
 def _aval_text(sig: Any) -> str:
     """``float32[3]``, ``float32[]~weak``, ``python-float``: canonical, used in keys."""
     if isinstance(sig, type):
@@ -261,8 +254,6 @@ def _aval_text(sig: Any) -> str:
         sig, sharding = sig[0], f"@{_jax_compat.sharding_text(sig[1])}"
     weak = "~weak" if sig.weak_type else ""
     return f"{sig.dtype}{list(sig.shape)}{weak}{sharding}"
-
-
 
 
 def _treedef_parts(treedef: Any) -> tuple[str, list[tuple[str, Any]]]:
@@ -282,29 +273,6 @@ def _treedef_parts(treedef: Any) -> tuple[str, list[tuple[str, Any]]]:
         return f"{typ.__module__}.{typ.__qualname__}({','.join(kids)})"
 
     return walk(treedef, ""), aux
-
-
-_KILN_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-# Stores (by URL) that already gave this process its one warning (see _Miss._store_fault).
-_faulted_stores: set[str] = set()
-_faulted_lock = threading.Lock()
-
-
-def _user_stacklevel() -> int:
-    """stacklevel for warnings.warn that points at the first frame outside kiln and jax."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None:
-        f = frame.f_code.co_filename
-        if not (f.startswith(_KILN_DIR) or f"{os.sep}jax{os.sep}" in f or f"{os.sep}jaxlib" in f):
-            return level
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return 1
-
-
 
 
 # Static values whose digest is all there is to them (no code, no class behind them).
@@ -434,27 +402,10 @@ class _Miss:
         if self.cfg.strict:
             raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
                              "and recompile)")
-        warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=_user_stacklevel())
+        warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=user_stacklevel())
 
     def _store_fault(self, doing: str, e: BaseException) -> None:
-        """The store itself failed (I/O, its index, a refused directory): counted; one warning
-        per store per process, then quiet (the program goes on compiling in memory); with
-        ``KILN_STRICT=1`` a :class:`StoreError`."""
-        _stats.bump(store_errors=1)
-        message = f"kiln: cannot {doing} store {self.store.url!r} ({e})"
-        if self.cfg.strict:
-            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
-                             "once and go on without the store)") from None
-        with _faulted_lock:
-            if self.store.url in _faulted_stores:
-                logger.debug("%s", message)
-                return
-            _faulted_stores.add(self.store.url)
-        warnings.warn(
-            f"{message}; compiling in memory (further problems with this store are counted in "
-            "kiln.stats().store_errors, not repeated)", StoreWarning,
-            stacklevel=_user_stacklevel(),
-        )
+        store_fault(self.store, doing, e, strict=self.cfg.strict)
 
     def _explain(self, kind: str, message: str) -> None:
         _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
@@ -745,7 +696,8 @@ class _Miss:
         facts.start()
         t0 = time.perf_counter()
         try:
-            with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress):
+            with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress), \
+                    kiln_compiling():
                 compiled = lowered.compile()
         finally:
             facts.join()

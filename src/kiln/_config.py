@@ -53,6 +53,11 @@ class Config:
         pickle_max_size: bytes of stored entries a kiln function pickled by value carries
             with it (``KILN_PICKLE_MAX_SIZE`` accepts ``256MiB``, ...); 0 carries none. Entries
             past the cap are left out (the receiving process compiles them). Default 256 MiB.
+        jax_cache: route JAX's own persistent compilation cache into the store
+            (:func:`kiln.enable_jax_cache`) in any process that creates a :func:`kiln.jit`
+            function, so library-internal ``jax.jit`` programs and eager operations persist
+            too; ``KILN_JAX_CACHE=0`` turns that off. Never overrides a
+            ``jax_compilation_cache_dir`` the user set. Default on.
     """
 
     cache_dir: Path
@@ -65,6 +70,7 @@ class Config:
     progress: bool | None = None
     tier_up: bool = True
     pickle_max_size: int = 256 * 1024**2
+    jax_cache: bool = True
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -135,7 +141,7 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             ) from None
     if name in ("max_size", "pickle_max_size"):
         return parse_size(value, name=f"KILN_{name.upper()}" if from_env else name)
-    if name in ("explain", "verify", "strict", "tier_up"):
+    if name in ("explain", "verify", "strict", "tier_up", "jax_cache"):
         return _parse_bool(name, value) if from_env else bool(value)
     if name == "progress":
         if value is None:

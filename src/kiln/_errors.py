@@ -7,6 +7,8 @@ Hierarchy::
     ├── ConfigError                (also ValueError) a bad setting or environment variable
     ├── StoreError                 a store failed and ``KILN_STRICT=1`` made it an error
     │   └── EntryError             an entry is corrupt, truncated, foreign or tampered
+    ├── BundleError                a bundle file is refused (corrupt, foreign, signed with
+    │                              another key), or an export found no entry to write
     └── VerifyError                ``KILN_VERIFY=1``: a stored entry does not match a fresh lowering
 
     KilnWarning                    root of every kiln warning (a subclass of UserWarning)
@@ -34,6 +36,12 @@ class StoreError(KilnError):
 
 class EntryError(StoreError):
     """An entry failed to decode: bad magic, other format version, truncated, or bad digest."""
+
+
+class BundleError(KilnError):
+    """A bundle (:func:`kiln.export_entries`, :func:`kiln.import_entries`) is refused as a whole
+    (truncated, foreign, other format version, digest or signature mismatch, malformed), or an
+    export found no entry to write."""
 
 
 class VerifyError(KilnError):

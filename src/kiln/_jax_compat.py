@@ -73,6 +73,7 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "pytree_differences",
     "pytree_node_functions",
     "raise_floating_point_error",
+    "reset_compilation_cache",
     "serialize_compiled",
     "sharding_text",
     "trace_context",
@@ -624,3 +625,11 @@ def pytree_differences(got: Any, want: Any) -> list[Any]:
     """(path, got, want, explanation) per difference of two treedefs, as jax's AOT error
     lists them (``jax._src.tree_util.equality_errors_pytreedef``, 0.10 to 0.12)."""
     return list(_tree_util.equality_errors_pytreedef(got, want))
+
+
+def reset_compilation_cache() -> None:
+    """Make JAX's persistent compilation cache read its configuration again at the next compile
+    (it initializes once per process: ``jax._src.compilation_cache.reset_cache``)."""
+    from jax._src import compilation_cache
+
+    compilation_cache.reset_cache()

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _args, _explain, _jax_compat, _stages, _stats, _tier_up, _travel
+from . import _args, _explain, _jax_cache, _jax_compat, _stages, _stats, _tier_up, _travel
 from ._args import ARRAY_TYPES as _ARRAY_TYPES
 from ._args import STATIC_LEAF as _STATIC_LEAF
 from ._compile import (
@@ -391,6 +391,8 @@ class JitFunction:
                  "__module__": JitFunction.__module__, "__qualname__": "JitFunction"},
             )
         _note_creation(fun)
+        # JAX's own cache into the store too (library-internal jax.jit, eager operations)
+        _jax_cache.enable_by_default()
 
     def __del__(self) -> None:
         # A class is always in a reference cycle (its __mro__ holds it), so the class of its

@@ -37,6 +37,10 @@ class Stats:
         noinline_calls: host round trips into :func:`kiln.noinline` executables (one per call
             site executed, while a program runs in its not-inlined form).
         tier_ups: inlined programs compiled in the background and swapped in (tier-up).
+        jax_cache_hits, jax_cache_misses: JAX's own persistent-cache lookups (its
+            ``jax.monitoring`` events), counted while the ``kiln://`` route is on
+            (:func:`kiln.enable_jax_cache`).
+        jax_cache_writes: values JAX's cache wrote into kiln's store through the route.
         reasons: count of miss reasons by kind.
     """
 
@@ -54,6 +58,9 @@ class Stats:
     stores_written: int = 0
     noinline_calls: int = 0
     tier_ups: int = 0
+    jax_cache_hits: int = 0
+    jax_cache_misses: int = 0
+    jax_cache_writes: int = 0
     reasons: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 import threading
+import warnings
 
+from .. import _stats
 from .._config import Config
+from .._errors import StoreError, StoreWarning
 from ._base import EntryStat as EntryStat
 from ._base import Store as Store
 from ._local import LocalStore as LocalStore
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
-__all__ = ["EntryStat", "LocalStore", "MemoryStore", "NullStore", "Store", "open_store"]
+__all__ = ["EntryStat", "LocalStore", "MemoryStore", "NullStore", "Store", "open_store",
+           "store_fault", "user_stacklevel"]
+
+logger = logging.getLogger("kiln")
 
 _cache: dict[tuple[str, str, int, bool], Store] = {}
 _lock = threading.Lock()
@@ -44,3 +53,47 @@ def open_store(config: Config) -> Store:
                 store = NullStore()
             _cache[ident] = store
         return store
+
+
+# Stores (by URL) that already gave this process its one warning (see store_fault).
+_faulted_stores: set[str] = set()
+_faulted_lock = threading.Lock()
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def store_fault(store: Store, doing: str, e: BaseException, *, strict: bool) -> None:
+    """The store itself failed (I/O, its index, a refused directory): counted in
+    ``kiln.stats().store_errors``; one :class:`kiln.StoreWarning` per store per process, then
+    quiet (the program goes on compiling in memory).
+
+    Raises:
+        StoreError: ``strict`` (``KILN_STRICT=1``).
+    """
+    _stats.bump(store_errors=1)
+    message = f"kiln: cannot {doing} store {store.url!r} ({e})"
+    if strict:
+        raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
+                         "once and go on without the store)") from None
+    with _faulted_lock:
+        if store.url in _faulted_stores:
+            logger.debug("%s", message)
+            return
+        _faulted_stores.add(store.url)
+    warnings.warn(
+        f"{message}; compiling in memory (further problems with this store are counted in "
+        "kiln.stats().store_errors, not repeated)", StoreWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def user_stacklevel() -> int:
+    """stacklevel for warnings.warn that points at the first frame outside kiln and jax."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        f = frame.f_code.co_filename
+        if not (f.startswith(_KILN_DIR) or f"{os.sep}jax{os.sep}" in f or f"{os.sep}jaxlib" in f):
+            return level
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return 1

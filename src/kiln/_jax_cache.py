@@ -1,0 +1,285 @@
+"""JAX's own persistent compilation cache, kept in kiln's store: the ``kiln://`` route.
+
+Code that calls ``jax.jit`` itself (libraries, eager operations, scripts nobody changed) gets
+persistence through JAX's supported configuration: ``jax_compilation_cache_dir`` is set to
+``kiln://store``, a path scheme registered with ``etils.epath.register_path_cls``. With
+``jax_compilation_cache_max_size`` at -1 (JAX never evicts), JAX's cache
+(``jax._src.lru_cache.LRUCache``) calls only ``mkdir``, ``exists``, ``read_bytes`` and
+``write_bytes`` on such a path. Each value JAX writes becomes a kiln entry of kind
+``jax-cache``: its digest (or ``KILN_SIGNING_KEY`` signature) is checked before a byte is
+decoded, it is written atomically, counted in the store's size cap and LRU order, listed by
+``kiln ls`` as ``jax:<module name>``, checked by ``kiln verify``, and counted in
+:func:`kiln.stats`. A corrupt, foreign or tampered entry reads as absent: JAX compiles and
+writes it again.
+
+JAX decides what it caches: jax 0.10 never writes an executable that holds host callbacks
+(``jax.debug.print``, ``io_callback``, equinox's runtime checks); jax 0.11 and later write
+them. kiln's own compiles (:func:`kiln.jit`) skip the route's writes: kiln stores those
+executables itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jaxlib
+
+from . import _jax_compat, _stats
+from ._config import get_config
+from ._entry import decode, encode
+from ._errors import EntryError, StoreError, StoreWarning
+from ._key import make_key
+from .stores import open_store, store_fault, user_stacklevel
+
+__all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
+           "is_enabled", "kiln_compiling", "store_key"]
+
+logger = logging.getLogger("kiln")
+
+SCHEME = "kiln://"
+ROOT = SCHEME + "store"
+_SUFFIX = "-cache"  # JAX names a value "<key>-cache" (and "<key>-atime" when it evicts)
+_KIND = "jax-cache"
+
+_local = threading.local()  # .own: inside kiln's own compile; .last: (name, value) just read
+# store keys found unusable in this process, until JAX writes them again: JAX's put asks
+# ``exists`` right after its get missed, and one bad entry is one warning
+_unusable: set[str] = set()
+_registered = False
+_enable_lock = threading.Lock()
+_saved: dict[str, Any] = {}  # JAX's settings before the route, put back by disable_jax_cache
+_SETTINGS = {  # what the route sets (see enable_jax_cache)
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
+    "jax_persistent_cache_enable_xla_caches": "none",
+    "jax_compilation_cache_max_size": -1,
+    "jax_compilation_cache_dir": ROOT,
+}
+
+
+def store_key(jax_key: str) -> str:
+    """The store key (64 hex characters) of the value JAX caches under ``jax_key``."""
+    return make_key([("kind", _KIND), ("jax-key", jax_key)])
+
+
+@contextlib.contextmanager
+def kiln_compiling() -> Iterator[None]:
+    """Around kiln's own XLA compiles: JAX's cache may still read through the route, but does
+    not write there (kiln stores the executable in its own entry)."""
+    before = getattr(_local, "own", False)
+    _local.own = True
+    try:
+        yield
+    finally:
+        _local.own = before
+
+
+class StorePath:
+    """A path under ``kiln://``: the store itself, or one value JAX caches in it."""
+
+    def __init__(self, *parts: str | os.PathLike[str]) -> None:
+        self._text = "/".join(os.fspath(p).rstrip("/") for p in parts)
+
+    def __fspath__(self) -> str:
+        return self._text
+
+    def __str__(self) -> str:
+        return self._text
+
+    def __repr__(self) -> str:
+        return f"StorePath({self._text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StorePath) and other._text == self._text
+
+    def __hash__(self) -> int:
+        return hash(self._text)
+
+    def __truediv__(self, other: str | os.PathLike[str]) -> StorePath:
+        return StorePath(self._text, other)
+
+    def joinpath(self, *others: str | os.PathLike[str]) -> StorePath:
+        return StorePath(self._text, *others) if others else self
+
+    @property
+    def name(self) -> str:
+        return self._text.rpartition("/")[2]
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False, mode: int = 0o777) -> None:
+        """Nothing to make: the store exists once opened."""
+
+    def exists(self) -> bool:
+        return self._value() is not None
+
+    def read_bytes(self) -> bytes:
+        value = self._value()
+        if value is None:
+            raise FileNotFoundError(f"{self._text}: no such entry in kiln's store")
+        return value
+
+    def write_bytes(self, data: bytes) -> int:
+        jax_key = _jax_key(self.name)
+        if jax_key is not None and not getattr(_local, "own", False):
+            _write(jax_key, bytes(data))
+        return len(data)
+
+    def _value(self) -> bytes | None:
+        """The value stored at this path (JAX's ``get`` asks ``exists`` then ``read_bytes``:
+        one store read serves both)."""
+        last = getattr(_local, "last", None)
+        if last is not None and last[0] == self._text:
+            _local.last = None
+            return last[1]  # type: ignore[no-any-return]
+        jax_key = _jax_key(self.name)
+        value = None if jax_key is None else _read(jax_key)
+        _local.last = (self._text, value) if value is not None else None
+        return value
+
+
+def _jax_key(name: str) -> str | None:
+    return name[: -len(_SUFFIX)] if name.endswith(_SUFFIX) and len(name) > len(_SUFFIX) else None
+
+
+def _read(jax_key: str) -> bytes | None:
+    cfg = get_config()
+    store = open_store(cfg)
+    key = store_key(jax_key)
+    try:
+        blob = store.get(key)
+    except (OSError, StoreError) as e:
+        store_fault(store, "read", e, strict=cfg.strict)
+        return None
+    if blob is None or key in _unusable:
+        return None
+    try:
+        entry = decode(blob, signing_key=cfg.signing_key)
+        if entry.header.get("key") != key or entry.header.get("kind") != _KIND:
+            raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
+        value = entry.sections["jax"]
+    except (EntryError, KeyError) as e:
+        _unusable.add(key)
+        _stats.bump(bad_entries=1)
+        warnings.warn(
+            f"kiln: JAX cache entry {key[:12]} ({_module_name(jax_key)}) in {store.url!r} is "
+            f"unusable ({e}); JAX compiles it again and kiln replaces it",
+            StoreWarning, stacklevel=user_stacklevel(),
+        )
+        return None
+    return value
+
+
+def _write(jax_key: str, value: bytes) -> None:
+    cfg = get_config()
+    store = open_store(cfg)
+    key = store_key(jax_key)
+    header: dict[str, Any] = {
+        "kind": _KIND,
+        "key": key,
+        "function": f"jax:{_module_name(jax_key)}",
+        "signature": "-",
+        "jax_key": jax_key,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "created": time.time(),
+    }
+    try:
+        store.put(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
+    except (OSError, StoreError) as e:
+        store_fault(store, "write to", e, strict=cfg.strict)
+        return
+    _unusable.discard(key)
+    _stats.bump(jax_cache_writes=1)
+
+
+def _module_name(jax_key: str) -> str:
+    """``jit_fit-0f3a...`` -> ``jit_fit``: JAX's key is the module name, '-', a hash."""
+    return jax_key.rpartition("-")[0] or jax_key
+
+
+def _on_event(event: str, **kwargs: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _stats.bump(jax_cache_hits=1)
+    elif event == "/jax/compilation_cache/cache_misses":
+        _stats.bump(jax_cache_misses=1)
+
+
+def is_enabled() -> bool:
+    """Whether JAX's persistent cache is routed to kiln's store in this process."""
+    return str(_cache_dir() or "").startswith(SCHEME)
+
+
+def _cache_dir() -> str | None:
+    return getattr(jax.config, "jax_compilation_cache_dir", None)
+
+
+def enable_jax_cache() -> bool:
+    """Route JAX's own persistent compilation cache into kiln's store, for every ``jax.jit``
+    in this process (libraries, eager operations, unchanged code).
+
+    Sets ``jax_compilation_cache_dir`` to ``kiln://store`` (the store kiln is configured with,
+    looked up at each read and write), ``jax_persistent_cache_min_compile_time_secs`` to 0
+    (sub-second compiles are kept: a process's many small ones add up),
+    ``jax_persistent_cache_enable_xla_caches`` to ``"none"`` (XLA's own caches would be handed
+    a ``kiln:`` path) and ``jax_compilation_cache_max_size`` to -1 (kiln's store evicts). May be
+    called at any time: JAX's cache is reset, so later compiles use the route.
+
+    Returns:
+        True if the route is on. False, leaving JAX's configuration alone, when the user set
+        their own ``jax_compilation_cache_dir`` (or ``JAX_COMPILATION_CACHE_DIR``), or when
+        ``etils`` (``etils[epath]``) is not installed (with a warning).
+    """
+    global _registered
+    with _enable_lock:
+        if is_enabled():
+            return True
+        if _cache_dir():
+            logger.debug("kiln: jax_compilation_cache_dir is set by the user; route not used")
+            return False
+        if not _registered:
+            try:
+                from etils import epath
+            except ImportError:
+                warnings.warn(
+                    "kiln: JAX's persistent cache cannot be routed to kiln's store without "
+                    "etils (pip install 'etils[epath]'); plain jax.jit code compiles as before",
+                    stacklevel=2,
+                )
+                return False
+            epath.register_path_cls(SCHEME)(StorePath)
+            jax.monitoring.register_event_listener(_on_event)
+            _registered = True
+        for name, value in _SETTINGS.items():
+            _saved[name] = getattr(jax.config, name)
+            jax.config.update(name, value)
+        _jax_compat.reset_compilation_cache()
+        return True
+
+
+def disable_jax_cache() -> None:
+    """Undo :func:`enable_jax_cache`: JAX's cache settings as they were before it (entries
+    already written stay in the store). Does nothing when the route is off."""
+    with _enable_lock:
+        if not is_enabled():
+            return
+        for name, value in _saved.items():
+            jax.config.update(name, value)
+        _saved.clear()
+        _jax_compat.reset_compilation_cache()
+
+
+def enable_by_default() -> None:
+    """The route for a process that uses :func:`kiln.jit`, unless ``KILN_JAX_CACHE=0`` or the
+    user set their own ``jax_compilation_cache_dir``."""
+    if is_enabled() or not get_config().jax_cache:
+        return
+    try:
+        enable_jax_cache()
+    except Exception as e:  # noqa: BLE001 - a cache: never stop the program over it
+        logger.debug("kiln: JAX cache route not enabled: %s", e)

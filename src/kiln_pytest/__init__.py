@@ -1,0 +1,72 @@
+"""kiln's pytest plugin: ``pytest --kiln`` runs a test suite with JAX's own persistent
+compilation cache routed into kiln's store (:func:`kiln.enable_jax_cache`), so the second run
+of a JAX project's tests loads the executables the first one compiled.
+
+Registered through the ``pytest11`` entry point ``kiln`` (``-p no:kiln`` disables it). Without
+``--kiln`` (or ``KILN_PYTEST=1``) it does nothing and imports nothing: this module lives outside
+the ``kiln`` package so that loading the plugin does not import jax into every pytest run.
+
+What it covers is what JAX's cache covers: every ``jax.jit`` program and eager operation the
+tests compile, in the pytest process and in any worker (pytest-xdist) that loads the plugin. On
+jax 0.10, programs with host callbacks (``jax.debug.print``, ``io_callback``) are compiled again;
+jax 0.11 and later cache those too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_terminal_summary"]
+
+# (whether the route is on, kiln.stats() when the session began)
+_STATE = pytest.StashKey[tuple[bool, Any]]()
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("kiln", "kiln: compile once across test runs")
+    group.addoption(
+        "--kiln", action="store_true", default=False,
+        help="route JAX's persistent compilation cache into kiln's store (KILN_CACHE_DIR / "
+        "KILN_STORE), so a second run skips the first run's compiles; also KILN_PYTEST=1",
+    )
+
+
+def _wanted(config: Any) -> bool:
+    return bool(config.getoption("kiln")) or os.environ.get("KILN_PYTEST", "") in ("1", "true")
+
+
+def pytest_configure(config: Any) -> None:
+    if not _wanted(config):
+        return
+    import kiln
+    from kiln import _jax_cache
+
+    on = _jax_cache.enable_jax_cache()
+    config.stash[_STATE] = (on, kiln.stats())
+    if not on:
+        config.issue_config_time_warning(
+            kiln.KilnWarning(
+                "kiln: --kiln given but JAX's cache was not routed into kiln's store "
+                "(jax_compilation_cache_dir is already set, or etils is missing)"
+            ),
+            stacklevel=2,
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    got = config.stash.get(_STATE, None)
+    if got is None or not got[0]:
+        return
+    import kiln
+
+    before, after = got[1], kiln.stats()
+    store = kiln.get_config()
+    where = store.store or str(store.cache_dir)
+    terminalreporter.write_line(
+        f"kiln: JAX cache hits {after.jax_cache_hits - before.jax_cache_hits}, "
+        f"misses {after.jax_cache_misses - before.jax_cache_misses}, "
+        f"written {after.jax_cache_writes - before.jax_cache_writes} (store {where})"
+    )

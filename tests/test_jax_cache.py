@@ -1,0 +1,252 @@
+"""JAX's own persistent cache routed into kiln's store (the ``kiln://`` route): unchanged
+``jax.jit`` code, ``kiln run``, ``kiln.enable_jax_cache``, entries checked like kiln's own.
+
+Real XLA compiles are counted in the child processes by wrapping
+``jax._src.compiler.backend_compile_and_load`` (what JAX calls on a cache miss), independently
+of kiln's and JAX's cache counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import kiln
+from kiln import _jax_cache
+from kiln._entry import decode, encode
+from kiln.stores import LocalStore
+
+JAX_WRITES_CALLBACKS = jax.__version_info__ >= (0, 11)
+
+SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import jax, jax.numpy as jnp
+    from jax._src import compiler
+
+    compiles = []
+    _real = compiler.backend_compile_and_load
+
+    def counting(*args, **kwargs):
+        compiles.append(1)
+        return _real(*args, **kwargs)
+
+    compiler.backend_compile_and_load = counting
+
+    @jax.jit
+    def step(x, w):
+        return jnp.tanh(x @ w) * 2.0 + 1.0
+
+    def with_callback(x):
+        jax.debug.callback(lambda v: None, x)
+        return x + 1
+
+    x = jnp.arange(12.0).reshape(3, 4)
+    w = jnp.ones((4, 4)) / 4
+    y = step(x, w)
+    z = jnp.cos(y).sum()           # eager operations compile too
+    out = {"y": y.tolist(), "z": float(z), "compiles": len(compiles)}
+    if os.environ.get("WITH_CALLBACK"):
+        before = len(compiles)
+        out["cb"] = jax.jit(with_callback)(x).tolist()
+        out["callback_compiles"] = len(compiles) - before
+    import kiln
+    s = kiln.stats()
+    out.update(hits=s.jax_cache_hits, misses=s.jax_cache_misses, writes=s.jax_cache_writes,
+               bad=s.bad_entries, routed=kiln._jax_cache.is_enabled())
+    print("RESULT " + json.dumps(out))
+''')
+
+
+def _env(store: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[dict, str]:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(lines[-1][len("RESULT "):]), proc.stderr
+
+
+def _kiln_run(tmp_path: Path, store: Path, **extra: str) -> tuple[dict, str]:
+    script = tmp_path / "plain.py"
+    script.write_text(SCRIPT)
+    return _run([sys.executable, "-m", "kiln", "run", str(script)], tmp_path, _env(store, **extra))
+
+
+def _jax_entries(store: Path) -> dict[str, dict]:
+    s = LocalStore(str(store))
+    out = {}
+    for key in s.iter():
+        header = s.header(key)
+        if header and header.get("kind") == "jax-cache":
+            out[key] = header
+    return out
+
+
+@pytest.mark.slow
+def test_kiln_run_unchanged_jax_script_compiles_nothing_the_second_time(tmp_path):
+    store = tmp_path / "store"
+    cold, err = _kiln_run(tmp_path, store)
+    assert cold["routed"] is True
+    assert cold["compiles"] >= 3  # step, tanh/cos eager ops, the sum
+    assert cold["misses"] == cold["compiles"] and cold["writes"] == cold["compiles"]
+    entries = _jax_entries(store)
+    assert len(entries) == cold["writes"]
+    assert "jax:jit_step" in {h["function"] for h in entries.values()}
+    assert "jax cache hits: 0" in err
+
+    warm, err = _kiln_run(tmp_path, store)
+    assert warm["compiles"] == 0  # no XLA compile at all
+    assert warm["hits"] == cold["compiles"] and warm["misses"] == 0 and warm["writes"] == 0
+    assert (warm["y"], warm["z"]) == (cold["y"], cold["z"])
+    assert f"jax cache hits: {cold['compiles']}" in err
+
+    # kiln ls lists them as plain-jax entries, kiln verify checks them
+    ls = subprocess.run([sys.executable, "-m", "kiln", "ls", "--json"], capture_output=True,
+                        text=True, env=_env(store), timeout=120)
+    rows = json.loads(ls.stdout)
+    listed = rows["entries"] if isinstance(rows, dict) else rows
+    assert {r["kind"] for r in listed} == {"jax-cache"}
+    verify = subprocess.run([sys.executable, "-m", "kiln", "verify"], capture_output=True,
+                            text=True, env=_env(store), timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert f"{len(entries)} ok, 0 bad" in verify.stdout
+
+    # KILN_JAX_CACHE=0: the route stays off under kiln run too
+    off, _ = _kiln_run(tmp_path, tmp_path / "other", KILN_JAX_CACHE="0")
+    assert off["routed"] is False and off["writes"] == 0
+    assert not (tmp_path / "other").exists() or not _jax_entries(tmp_path / "other")
+
+
+@pytest.mark.slow
+def test_tampered_or_foreign_entry_is_recompiled_and_replaced(tmp_path):
+    store = tmp_path / "store"
+    cold, _ = _kiln_run(tmp_path, store, KILN_SIGNING_KEY="key-a")
+    key, header = next((k, h) for k, h in _jax_entries(store).items()
+                       if h["function"] == "jax:jit_step")
+    path = next(p for p in store.rglob(f"{key}*") if p.is_file())
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    warm, err = _kiln_run(tmp_path, store, KILN_SIGNING_KEY="key-a")
+    assert warm["compiles"] == 1 and warm["bad"] == 1  # the tampered one only
+    assert warm["y"] == cold["y"]
+    assert "is unusable" in err and "JAX compiles it again" in err
+    again, _ = _kiln_run(tmp_path, store, KILN_SIGNING_KEY="key-a")
+    assert again["compiles"] == 0 and again["bad"] == 0  # replaced
+
+    # entries signed with another key are never decoded: every one is compiled again
+    other, err = _kiln_run(tmp_path, store, KILN_SIGNING_KEY="key-b")
+    assert other["compiles"] == cold["compiles"] and other["bad"] == cold["compiles"]
+    assert other["y"] == cold["y"]
+
+
+@pytest.mark.slow
+def test_host_callbacks_cached_as_jax_decides(tmp_path):
+    """jax 0.10 never writes an executable with host callbacks; 0.11+ writes it."""
+    store = tmp_path / "store"
+    cold, _ = _kiln_run(tmp_path, store, WITH_CALLBACK="1")
+    warm, _ = _kiln_run(tmp_path, store, WITH_CALLBACK="1")
+    assert warm["cb"] == cold["cb"]
+    assert cold["callback_compiles"] >= 1
+    assert warm["callback_compiles"] == (0 if JAX_WRITES_CALLBACKS else cold["callback_compiles"])
+
+
+@pytest.mark.slow
+def test_kiln_jit_process_routes_jax_cache_by_default_but_not_kiln_s_own_compiles(tmp_path):
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent('''
+        import json, jax, jax.numpy as jnp, kiln
+
+        @kiln.jit
+        def fitted(x):
+            return jnp.sin(x) * 3.0
+
+        x = jnp.linspace(0.0, 1.0, 8)   # an eager op: through JAX's cache
+        y = fitted(x)
+        s = kiln.stats()
+        print("RESULT " + json.dumps({"y": y.tolist(), "routed": kiln._jax_cache.is_enabled(),
+                                      "compiles": s.compiles, "hits": s.hits,
+                                      "writes": s.jax_cache_writes}))
+    '''))
+    store = tmp_path / "store"
+    cold, _ = _run([sys.executable, str(prog)], tmp_path, _env(store))
+    assert cold["routed"] is True and cold["compiles"] == 1 and cold["writes"] >= 1
+    functions = {h["function"] for h in _jax_entries(store).values()}
+    assert functions and not any("fitted" in f for f in functions)  # kiln stored its own
+    warm, _ = _run([sys.executable, str(prog)], tmp_path, _env(store))
+    assert warm["hits"] == 1 and warm["compiles"] == 0 and warm["writes"] == 0
+    assert warm["y"] == cold["y"]
+
+    # a cache directory of the user's own is left alone
+    own = tmp_path / "jax-own"
+    mine, _ = _run([sys.executable, str(prog)], tmp_path,
+                   _env(tmp_path / "s2", JAX_COMPILATION_CACHE_DIR=str(own)))
+    assert mine["routed"] is False and mine["writes"] == 0
+    # and KILN_JAX_CACHE=0 keeps it off
+    off, _ = _run([sys.executable, str(prog)], tmp_path, _env(tmp_path / "s3", KILN_JAX_CACHE="0"))
+    assert off["routed"] is False and off["writes"] == 0
+
+
+def test_enable_and_disable_in_process(kiln_store):
+    before = {name: getattr(jax.config, name) for name in _jax_cache._SETTINGS}
+    assert kiln.enable_jax_cache() is True
+    try:
+        assert jax.config.jax_compilation_cache_dir == "kiln://store"
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+        assert jax.config.jax_persistent_cache_enable_xla_caches == "none"
+        assert jax.config.jax_compilation_cache_max_size == -1
+
+        @jax.jit
+        def g(x):
+            return x * 7.0 - 2.0
+
+        assert float(g(jnp.float32(1.5))) == 8.5
+        assert kiln.stats().jax_cache_writes >= 1
+        s = LocalStore(str(kiln_store))
+        headers = [s.header(k) for k in s.iter()]
+        mine = [h for h in headers if h and h.get("function") == "jax:jit_g"]
+        assert len(mine) == 1 and mine[0]["kind"] == "jax-cache"
+        key = mine[0]["key"]
+        entry = decode(s.get(key), signing_key=None)
+        assert entry.header["jax_key"].startswith("jit_g-")
+        assert key == _jax_cache.store_key(entry.header["jax_key"])
+    finally:
+        kiln.disable_jax_cache()
+    assert {name: getattr(jax.config, name) for name in _jax_cache._SETTINGS} == before
+
+
+def test_a_user_cache_dir_is_never_overridden(tmp_path):
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+    try:
+        assert kiln.enable_jax_cache() is False
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+
+
+def test_an_entry_of_another_kind_under_the_key_reads_as_absent(kiln_store):
+    """A valid kiln entry copied under a route key (not a jax-cache entry) is not handed to
+    JAX: it reads as absent and is counted as bad."""
+    s = LocalStore(str(kiln_store))
+    jax_key = "jit_h-0123abcd"
+    key = _jax_cache.store_key(jax_key)
+    s.put(key, encode({"kind": "executable", "key": key}, {"jax": b"not-an-executable"},
+                      signing_key=None))
+    path = _jax_cache.StorePath(_jax_cache.ROOT) / f"{jax_key}-cache"
+    with pytest.warns(kiln.StoreWarning, match="is unusable"):
+        assert path.exists() is False
+    assert kiln.stats().bad_entries == 1

@@ -1,0 +1,82 @@
+"""kiln's pytest plugin (``pytest --kiln``): a JAX test suite's second run loads what the first
+compiled, through JAX's cache routed into kiln's store. Real pytest processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SUITE = textwrap.dedent('''
+    import json, os, sys
+    import jax, jax.numpy as jnp
+    from jax._src import compiler
+
+    COMPILES = []
+    _real = compiler.backend_compile_and_load
+
+    def _counting(*args, **kwargs):
+        COMPILES.append(1)
+        return _real(*args, **kwargs)
+
+    compiler.backend_compile_and_load = _counting
+
+    def test_matmul():
+        x = jnp.arange(6.0).reshape(2, 3)
+        assert float(jax.jit(lambda a: (a @ a.T).sum())(x)) == 83.0
+
+    def test_grad():
+        f = jax.jit(jax.grad(lambda w: jnp.sum(jnp.tanh(w) ** 2)))
+        assert f(jnp.zeros(3)).tolist() == [0.0, 0.0, 0.0]
+
+    def test_zz_report():
+        with open(os.environ["REPORT"], "w") as fh:
+            json.dump({"compiles": len(COMPILES), "kiln_imported": "kiln" in sys.modules}, fh)
+''')
+
+
+def _pytest(tmp_path, *flags, **env_extra):
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env.update(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+               REPORT=str(tmp_path / "report.json"), PYTHONDONTWRITEBYTECODE="1", **env_extra)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py", *flags],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    return json.loads((tmp_path / "report.json").read_text()), proc.stdout
+
+
+@pytest.mark.slow
+def test_second_run_under_kiln_compiles_nothing(tmp_path):
+    cold, out = _pytest(tmp_path, "--kiln")
+    assert cold["compiles"] >= 2
+    hits, misses, written = map(int, re.search(
+        r"kiln: JAX cache hits (\d+), misses (\d+), written (\d+)", out).groups())
+    assert (hits, misses, written) == (0, cold["compiles"], cold["compiles"])
+
+    warm, out = _pytest(tmp_path, "--kiln")
+    assert warm["compiles"] == 0
+    hits, misses, written = map(int, re.search(
+        r"kiln: JAX cache hits (\d+), misses (\d+), written (\d+)", out).groups())
+    assert (hits, misses, written) == (cold["compiles"], 0, 0)
+
+    # KILN_PYTEST=1 turns it on as --kiln does
+    env_on, out = _pytest(tmp_path, KILN_PYTEST="1")
+    assert env_on["compiles"] == 0 and "kiln: JAX cache hits" in out
+
+
+@pytest.mark.slow
+def test_without_the_flag_the_plugin_does_nothing(tmp_path):
+    plain, out = _pytest(tmp_path)
+    assert plain["compiles"] >= 2
+    assert plain["kiln_imported"] is False  # the plugin did not even import kiln
+    assert "kiln:" not in out
+    assert not (tmp_path / "store").exists()
