@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -620,9 +621,90 @@ def test_demo_missing_script(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert err.startswith(f"error: demo script not found: {missing}; ")
 
 
-def test_demo_default_script_is_the_example() -> None:
+def test_demo_default_script_is_the_shipped_program() -> None:
+    import kiln_demo
+
     path = _cli._default_demo_script()
-    assert path.name == "lotka_volterra.py" and path.is_file()
+    assert path == Path(kiln_demo.__file__).parent / "lotka_volterra.py" and path.is_file()
+    assert (path.parent / "hudson_bay.csv").is_file()
+
+
+@pytest.mark.parametrize(("absent", "message"), [
+    ("kiln_demo", "the demo program is not installed (package kiln_demo, part of kiln); "
+                  "reinstall kiln, or pass --script PATH"),
+    ("diffrax", "the demo needs diffrax, not installed; install kiln's examples extra: "
+                "pip install 'jax-kiln[examples]'"),
+])
+def test_demo_without_its_program_or_the_examples_extra(
+    absent: str, message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == absent else find_spec(name, *a))
+    assert _run(["demo"], capsys) == (1, "", f"error: {message}\n")
+
+
+@pytest.mark.slow
+def test_demo_runs_from_a_non_editable_install(tmp_path: Path) -> None:
+    """``pip install .`` (not editable) into a fresh venv; there, outside the checkout,
+    ``kiln demo`` runs the program and reads the data that the installed package holds."""
+    repo = Path(__file__).resolve().parent.parent
+    source = tmp_path / "source"  # a copy: the build writes build/ and *.egg-info into it
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (source / name).write_bytes((repo / name).read_bytes())
+    shutil.copytree(repo / "src", source / "src",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    python = venv / "bin" / "python"
+    paths = subprocess.run(
+        [str(python), "-c", "import sysconfig; p = sysconfig.get_paths(); "
+         "print(p['purelib']); print(p['scripts'])"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.split("\n")
+    purelib, scripts = Path(paths[0]).resolve(), Path(paths[1])
+    # kiln's dependencies, pip, setuptools and wheel from this interpreter's site-packages: a
+    # folder named in a .pth file is added alone, without running the .pth files in it, so
+    # the editable kiln installed there stays out
+    outer = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    (purelib / "outer.pth").write_text("\n".join(outer) + "\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KILN_", "JAX_", "XLA_")) and k != "PYTHONPATH"}
+    env["JAX_PLATFORMS"] = "cpu"
+
+    pip = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir",
+         "--ignore-installed", str(source)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert pip.returncode == 0, pip.stdout[-4000:] + pip.stderr[-4000:]
+    where = subprocess.run(
+        [str(python), "-c", "import kiln, kiln_demo; print(kiln.__file__); "
+         "print(kiln_demo.__file__)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()
+    kiln_file, demo_file = (Path(p).resolve() for p in where)
+    assert kiln_file == purelib / "kiln" / "__init__.py"
+    assert demo_file == purelib / "kiln_demo" / "__init__.py"
+
+    proc = subprocess.run(
+        [str(scripts / "kiln"), "demo", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-8000:]
+    data = json.loads(proc.stdout)
+    assert Path(data["script"]).resolve() == purelib / "kiln_demo" / "lotka_volterra.py"
+    assert [r["mode"] for r in data["rows"]] == DEMO_ROWS
+    assert data["identical_params"] is True
+    # the shipped data's least-squares fit (src/kiln_demo/README.md)
+    assert data["rows"][0]["params"] == pytest.approx(
+        {"a": 0.540, "b": 0.0272, "c": 0.796, "d": 0.0237}, rel=0.01)
 
 
 # -- a real process -----------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 The examples are loaded by file path (they are scripts, not part of the package).
 Every end-to-end test is parametrized over ``JIT_MODES``: the same checks run through
 ``jax.jit`` and through ``kiln.jit`` (on the test's private store).
+
+``examples/lotka_volterra.py`` runs the program that ships with kiln for ``kiln demo``
+(``src/kiln_demo/``); imported, it offers that program's functions.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +22,7 @@ import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEMO = Path(__file__).resolve().parent.parent / "src" / "kiln_demo"
 JIT_MODES = ["jax", "kiln"]
 
 # Published estimates (Stan case study "Predator-Prey Population Dynamics").
@@ -51,18 +56,40 @@ def test_hudson_bay_data() -> None:
     assert np.all(ys > 0)
     np.testing.assert_allclose(ys[0], [30.0, 4.0])
     np.testing.assert_allclose(ys[-1], [24.7, 8.6], rtol=1e-6)
-    assert (EXAMPLES / "data" / "README.md").is_file()
+    assert lv.DEFAULT_DATA == DEMO / "hudson_bay.csv"
+    assert (DEMO / "README.md").is_file()
 
 
 def test_lotka_volterra_custom_data_path(tmp_path: Path) -> None:
     lv = _load("lotka_volterra")
-    src = EXAMPLES / "data" / "hudson_bay.csv"
+    src = DEMO / "hudson_bay.csv"
     dst = tmp_path / "copy.csv"
     dst.write_text(src.read_text())
     ts, ys = lv.load_data(dst)
     ts0, ys0 = lv.load_data()
     np.testing.assert_array_equal(ts, ts0)
     np.testing.assert_array_equal(ys, ys0)
+
+
+def test_lotka_volterra_example_is_the_shipped_program() -> None:
+    import kiln_demo.lotka_volterra as shipped
+
+    lv = _load("lotka_volterra")
+    assert Path(shipped.__file__).resolve() == DEMO / "lotka_volterra.py"
+    for name in lv.__all__:
+        assert getattr(lv, name) is getattr(shipped, name), name
+
+
+@pytest.mark.slow
+def test_lotka_volterra_example_runs_the_shipped_program_as_a_script() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "lotka_volterra.py"), "--help"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # the program's own parser answered (this file has none)
+    assert proc.stdout.startswith("usage: lotka_volterra.py ")
+    assert "--timings" in proc.stdout
 
 
 @pytest.mark.slow

@@ -92,6 +92,8 @@ def _top_level_version(top: str) -> str:
     per package: a cold fit's walk names ~30 modules of ~6 packages)."""
     if not top:
         return "unknown==unknown"
+    if top == "__main__":  # a script run from site-packages: no distribution names it
+        return "__main__==unknown"
     if top in sys.stdlib_module_names or top == "builtins":
         return f"python=={sys.version.split()[0]}"
     # Most distributions are named like their top-level package (jax, numpy, equinox): ask
