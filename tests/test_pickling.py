@@ -198,3 +198,59 @@ def test_plain_pickle_of_a_lambda_fails_as_for_any_lambda() -> None:
     f(jnp.ones(2))
     with pytest.raises((pickle.PicklingError, AttributeError)):
         pickle.dumps(f)
+
+
+NOINLINE_PARENT = r'''
+import sys, json
+import cloudpickle
+import jax.numpy as jnp
+import kiln
+
+
+def make(k):
+    return kiln.noinline(lambda x: jnp.sin(x) * k)   # found by no name: pickled by value
+
+
+g = make(2.0)
+x = jnp.arange(4.0)
+out = g(x).tolist()                                  # compiles g's executable at float32[4]
+with open(sys.argv[1], "wb") as fh:
+    fh.write(cloudpickle.dumps(g))
+print(json.dumps({"out": out, "compiles": kiln.stats().compiles}))
+'''
+
+NOINLINE_CHILD = r'''
+import sys, json, pickle
+import jax.numpy as jnp
+import kiln
+
+with open(sys.argv[1], "rb") as fh:
+    g = pickle.load(fh)
+out = g(jnp.arange(4.0)).tolist()
+twice = kiln.jit(lambda x: g(x) + g(x + 1.0))(jnp.arange(4.0)).tolist()  # called by a program
+s = kiln.stats()
+print(json.dumps({"out": out, "twice": twice, "compiles": s.compiles, "hits": s.hits,
+                  "repr": repr(g)}))
+'''
+
+
+def test_cloudpickled_noinline_function_carries_its_executables(tmp_path: Path) -> None:
+    pkl = tmp_path / "g.pkl"
+    parent = _run(tmp_path, NOINLINE_PARENT, [str(pkl)], tmp_path / "parent-store",
+                  KILN_TIER_UP="0")
+    assert parent["compiles"] == 1
+    child = _run(tmp_path, NOINLINE_CHILD, [str(pkl)], tmp_path / "child-store",
+                 KILN_TIER_UP="0")
+    assert child["out"] == parent["out"]
+    assert "<kiln.noinline" in child["repr"]
+    # g's own executable came with it (a hit, no compile); the new outer program compiles once
+    assert child["hits"] == 1 and child["compiles"] == 1
+    want = (jnp.sin(jnp.arange(4.0)) * 2 + jnp.sin(jnp.arange(4.0) + 1) * 2).tolist()
+    assert child["twice"] == pytest.approx(want, rel=1e-6)
+
+
+def test_module_level_noinline_pickles_by_reference() -> None:
+    g = kiln.noinline(_module_level)
+    globals()["_module_level_noinline"] = g
+    g.__qualname__ = "_module_level_noinline"
+    assert pickle.loads(pickle.dumps(g)) is g

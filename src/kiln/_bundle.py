@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ._config import get_config
-from ._entry import decode
+from ._entry import decode, digest
 from ._errors import BundleError, EntryError, StoreWarning
 from ._key import environment_parts
 from .stores import Store, open_store
@@ -73,12 +73,6 @@ _CHECKED = {"format": "entry format", "kiln": "kiln", "jax": "jax", "jaxlib": "j
             "backend": "platform", "device": "devices"}
 
 
-def _digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
-    if signing_key:
-        return hmac.new(signing_key.encode(), data, hashlib.sha256).digest()
-    return hashlib.sha256(data).digest()
-
-
 # -- the file format -----------------------------------------------------------------------------
 def encode_bundle(
     manifest: dict[str, Any], blobs: list[bytes], *, signing_key: str | None
@@ -89,7 +83,7 @@ def encode_bundle(
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(manifest_bytes), sum(map(len, blobs)),
                           1 if signing_key else 0)
     body = b"".join([prefix, manifest_bytes, *blobs])
-    return body + _digest(body, signing_key)
+    return body + digest(body, signing_key)
 
 
 def decode_bundle(
@@ -123,7 +117,7 @@ def decode_bundle(
     if signing_key and not kind:
         raise _refused("the bundle is not signed but KILN_SIGNING_KEY is set",
                        "export it again with the same KILN_SIGNING_KEY set")
-    if not hmac.compare_digest(_digest(view[:end], signing_key), bytes(view[end:])):
+    if not hmac.compare_digest(digest(view[:end], signing_key), bytes(view[end:])):
         if signing_key:
             raise _refused("bundle digest does not match (changed or signed with another "
                            "KILN_SIGNING_KEY)", "import it with the KILN_SIGNING_KEY it was "

@@ -36,7 +36,7 @@ from typing import Any
 
 from ._errors import EntryError
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "peek_header"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header"]
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
@@ -53,7 +53,9 @@ class Entry:
     sections: dict[str, bytes]
 
 
-def _digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
+def digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
+    """SHA-256 of ``data``, or HMAC-SHA256 under ``signing_key`` when one is set (32 bytes);
+    entries and bundles (:mod:`kiln._bundle`) end with it."""
     if signing_key:
         return hmac.new(signing_key.encode(), data, hashlib.sha256).digest()
     return hashlib.sha256(data).digest()
@@ -69,7 +71,7 @@ def encode(header: dict[str, Any], sections: dict[str, bytes], *, signing_key: s
     header_bytes = json.dumps({**header, "sections": table}, sort_keys=True).encode()
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes), offset, 1 if signing_key else 0)
     body = b"".join([prefix, header_bytes, *sections.values()])
-    return body + _digest(body, signing_key)
+    return body + digest(body, signing_key)
 
 
 def _check_prefix(blob: bytes | memoryview) -> tuple[int, int, int]:
@@ -101,7 +103,7 @@ def decode(blob: bytes, *, signing_key: str | None) -> Entry:
             if kind
             else "entry is not signed but a signing_key is configured"
         )
-    if not hmac.compare_digest(_digest(view[:end], signing_key), bytes(view[end:])):
+    if not hmac.compare_digest(digest(view[:end], signing_key), bytes(view[end:])):
         raise EntryError(
             "entry digest mismatch (corrupt or tampered"
             + (", or signed with another key)" if signing_key else ")")

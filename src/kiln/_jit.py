@@ -29,7 +29,6 @@ import copy
 import functools
 import inspect
 import logging
-import sys
 import threading
 import types
 import warnings
@@ -422,12 +421,8 @@ class JitFunction:
         needs cloudpickle for the function itself), carrying the stored entries of the
         signatures compiled so far (``pickle_max_size``). Unpickling is trusted, as pickle
         always is: a pickle can run any code."""
-        name = str(getattr(self, "__qualname__", self._name))
-        module = sys.modules.get(str(getattr(self, "__module__", "")))
-        found: Any = module
-        for part in name.split("."):
-            found = getattr(found, part, None)
-        if found is self:
+        name = _travel.name_if_found(self)
+        if name is not None:
             return name
         entries = [e for per_miss in list(self._entries) for e in list(per_miss)]
         return (_unpickle, (self._fun, self._ctor, _travel.carried_entries(entries)))

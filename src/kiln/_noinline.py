@@ -29,7 +29,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _api
+from . import _api, _travel
 from ._errors import KilnError
 from ._noinline_p import DERIVE, _Sub, avals_of, derived_name, noinline_p, split_linear
 
@@ -90,6 +90,21 @@ class NoinlineFunction:
 
     def __repr__(self) -> str:
         return f"<kiln.noinline {getattr(self._fun, '__qualname__', self._fun)!r}>"
+
+    def __reduce__(self) -> Any:
+        """By reference when this very object can be found again by module and name; otherwise
+        by value (with cloudpickle), carrying the stored entries of the executables compiled
+        for it so far (``pickle_max_size``), as a :class:`kiln.JitFunction` does. Unpickling
+        is trusted, as pickle always is."""
+        name = _travel.name_if_found(self)
+        if name is not None:
+            return name
+        with self._lock:
+            subs = [sub for sub, _ in self._subs.values()]
+        entries = [e for sub in subs for per_miss in list(sub.jit._entries)
+                   for e in list(per_miss)]
+        return (_unpickle, (self._fun, sorted(self._static_argnames), self._tier_up,
+                            _travel.carried_entries(entries)))
 
     def dynamic(self) -> DynamicNoinline:
         """This function as a dynamic argument of a jitted program: exchanging it for another
@@ -169,6 +184,15 @@ class NoinlineFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, _, sub, tree = self._prepare(args, kwargs)
         return jax.tree_util.tree_unflatten(tree, noinline_p.bind(*leaves, fn=sub))
+
+
+def _unpickle(fun: Any, static_argnames: list[str], tier_up: bool,
+              entries: list[tuple[str, bytes]]) -> NoinlineFunction:
+    """A noinline function pickled by value, made again; its carried entries go to this
+    process's store (verified first), where its calls find them."""
+    if entries:
+        _travel.store_carried(entries)
+    return NoinlineFunction(fun, static_argnames=static_argnames, tier_up=tier_up)
 
 
 _registry: weakref.WeakValueDictionary[int, NoinlineFunction] = weakref.WeakValueDictionary()

@@ -12,15 +12,17 @@ pickled jitted function "behaves like an uncompiled function").
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 from ._config import get_config
 from ._entry import decode
 from ._errors import EntryError, StoreError, StoreWarning
 from .stores import Store, open_store
 
-__all__ = ["carried_entries", "store_carried"]
+__all__ = ["carried_entries", "name_if_found", "store_carried"]
 
 logger = logging.getLogger("kiln")
 
@@ -82,3 +84,13 @@ def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
                           StoreWarning, stacklevel=3)
             break
     return written
+
+
+def name_if_found(obj: Any) -> str | None:
+    """``obj``'s qualified name when importing its module and looking the name up gives back
+    ``obj`` itself (pickle by reference, as functions and ``jax.jit``'s are); else None."""
+    name = str(getattr(obj, "__qualname__", ""))
+    found: Any = sys.modules.get(str(getattr(obj, "__module__", "")))
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return name if name and found is obj else None
