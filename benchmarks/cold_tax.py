@@ -1,0 +1,143 @@
+"""Benchmark: kiln's cold tax, kiln with an empty store against plain ``jax.jit``, on the
+Lotka-Volterra fit (``kiln_demo.lotka_volterra``), whole process to first result.
+
+Run from the repository root (about 3 minutes; needs the ``examples`` extra):
+
+    python benchmarks/cold_tax.py [--pairs 7] [--json PATH]
+
+Each pair is two fresh processes, ``--jit jax`` and ``--jit kiln`` on a fresh empty store, in
+alternating order. In each, jax's own monitoring events give the seconds spent tracing
+(``/jax/core/compile/jaxpr_trace_duration``), lowering (``jaxpr_to_mlir_module_duration``) and in
+XLA (``backend_compile_duration``): the same work in both modes, and on this 2-core machine the
+noisiest part (one mode's trace or compile swings by +-0.5 s between runs). The rest of the
+time to first result ("other": imports, data, running the fit, and in kiln's process the
+fingerprint, key, store, serialization and write) holds what kiln adds.
+
+Printed: time to first result per mode (median; ratio of medians and median of per-pair
+ratios, the issue's figure); the cold tax as ``median(other kiln) - median(other jax)``
+seconds and as a fraction of ``jax.jit``'s median time to first result; and the ratio of CPU
+seconds (``time.process_time()``, all threads, at the end of the run), which time stolen by other
+work on the machine does not inflate. Target (issue 11): <= 1.05x. The fitted parameters must
+be identical in every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+TARGET = 1.05
+MODES = ("jax", "kiln")
+
+CHILD = r'''
+import time
+T0 = time.perf_counter()
+import contextlib, io, json, runpy, sys
+import jax
+
+seconds = {}
+
+
+def listener(event, duration, **kwargs):
+    seconds[event] = seconds.get(event, 0.0) + duration
+
+
+jax.monitoring.register_event_duration_secs_listener(listener)
+sys.argv = ["lotka_volterra", "--jit", sys.argv[1]]
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module("kiln_demo.lotka_volterra", run_name="__main__")
+    except SystemExit:
+        pass
+result = json.loads(out.getvalue().strip().splitlines()[-1])
+phases = {name: seconds.get("/jax/core/compile/" + event, 0.0) for name, event in (
+    ("trace", "jaxpr_trace_duration"), ("lower", "jaxpr_to_mlir_module_duration"),
+    ("compile", "backend_compile_duration"))}
+ttfr = result["time_to_first_result_s"]
+cpu = time.process_time()  # CPU seconds of every thread of this process, until now
+print(json.dumps({"ttfr_s": ttfr, "cpu_s": cpu, **phases, "other_s": ttfr - sum(phases.values()),
+                  "params": result["params"]}))
+'''
+
+
+def _env(store: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    env.update(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
+    return env
+
+
+def run(mode: str, store: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode], env=_env(store),
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {mode} run exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    print(f"$ {command}")
+    vers = {d: metadata.version(d) for d in ("jax", "jaxlib", "jax-kiln", "diffrax", "equinox")}
+    print(", ".join(f"{k} {v}" for k, v in vers.items()) + f"; {os.cpu_count()} CPUs", flush=True)
+
+    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="kiln-cold-tax-") as tmp:
+        for i in range(args.pairs):
+            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+                with tempfile.TemporaryDirectory(dir=tmp) as store:
+                    r = run(mode, store)
+                samples[mode].append(r)
+                print(f"  pair {i + 1}/{args.pairs} {mode:<5} ttfr {r['ttfr_s']:.3f} s "
+                      f"(trace {r['trace']:.3f}, lower {r['lower']:.3f}, compile "
+                      f"{r['compile']:.3f}, other {r['other_s']:.3f}; CPU {r['cpu_s']:.3f} s)",
+                      flush=True)
+
+    def med(mode: str, field: str) -> float:
+        return statistics.median(s[field] for s in samples[mode])
+
+    ratio = med("kiln", "ttfr_s") / med("jax", "ttfr_s")
+    pairs = statistics.median(k["ttfr_s"] / j["ttfr_s"]
+                              for k, j in zip(samples["kiln"], samples["jax"], strict=True))
+    tax_s = med("kiln", "other_s") - med("jax", "other_s")
+    tax = 1 + tax_s / med("jax", "ttfr_s")
+    cpu = med("kiln", "cpu_s") / med("jax", "cpu_s")
+    cpu_pairs = statistics.median(k["cpu_s"] / j["cpu_s"]
+                                  for k, j in zip(samples["kiln"], samples["jax"], strict=True))
+    print()
+    for mode in MODES:
+        print(f"{mode:<5} ttfr median {med(mode, 'ttfr_s'):.3f} s; trace {med(mode, 'trace'):.3f}"
+              f", lower {med(mode, 'lower'):.3f}, compile {med(mode, 'compile'):.3f}, other "
+              f"{med(mode, 'other_s'):.3f} s; CPU {med(mode, 'cpu_s'):.3f} s")
+    print(f"kiln / jax.jit time to first result: {ratio:.3f}x of medians, {pairs:.3f}x median "
+          "of pairs (trace and compile noise included)")
+    print(f"kiln's own work (other kiln - other jax): {tax_s:.3f} s = {tax:.3f}x of jax.jit's "
+          f"time to first result; target <= {TARGET}x: {'met' if tax <= TARGET else 'NOT met'}")
+    print(f"kiln / jax.jit CPU seconds: {cpu:.3f}x of medians, {cpu_pairs:.3f}x median of pairs")
+    same = len({json.dumps(s["params"], sort_keys=True) for m in MODES for s in samples[m]}) == 1
+    print(f"fitted parameters identical in every run: {same}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({
+            "benchmark": "cold_tax", "command": command, "versions": vers, "samples": samples,
+            "ratio_of_medians": ratio, "median_pair_ratio": pairs, "tax_s": tax_s, "tax": tax,
+            "cpu_ratio_of_medians": cpu, "cpu_median_pair_ratio": cpu_pairs,
+        }, indent=2))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
