@@ -66,7 +66,10 @@ def _child(code: str, store: Path, *, env: dict[str, str] | None = None,
                               "stores_written": s.stores_written}))
         ''')
     child_env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    child_env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", **(env or {}))
+    # KILN_JAX_CACHE=0: these tests count kiln's own entries (the kiln:// route would add the
+    # child's eager operations; tests/test_jax_cache.py covers it)
+    child_env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0",
+                     **(env or {}))
     cmd = [sys.executable, "-c", prelude + textwrap.dedent(code)]
     if user is not None:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]

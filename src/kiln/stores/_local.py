@@ -27,6 +27,7 @@ host, process no longer running) or after ``_TEMP_MAX_AGE`` seconds.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
@@ -37,6 +38,7 @@ import stat
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,17 @@ def _is_entry_file(p: Path) -> bool:
         return False
 
 
+_TOUCH_EVERY = 1.0  # seconds between index writes of reads (LRU order)
+_open_stores: weakref.WeakSet[LocalStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _record_all_touched() -> None:
+    for store in list(_open_stores):
+        with contextlib.suppress(Exception):
+            store.flush()
+
+
 class LocalStore:
     """Entries as files under ``root`` with an LRU size cap of ``max_size`` bytes."""
 
@@ -132,6 +145,11 @@ class LocalStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._checked = False
+        # reads not yet recorded in the index: key -> (size, last used), written in one
+        # transaction at most every _TOUCH_EVERY seconds, before the index is read, and at exit
+        self._touched: dict[str, tuple[int, float]] = {}
+        self._touched_at = 0.0
+        _open_stores.add(self)
 
     # -- helpers -------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
@@ -277,15 +295,33 @@ class LocalStore:
         if data is None:
             return None
         now = time.time()
-        # best-effort: a read-only or full store still serves its entries
-        with contextlib.suppress(OSError, sqlite3.Error), self._lock:
-            db = self._conn()
-            cur = db.execute("UPDATE entries SET last_used=? WHERE key=?", (now, key))
-            if cur.rowcount == 0:
-                db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
-                           (key, len(data), now, now))
-            db.commit()
+        with self._lock:
+            self._touched[key] = (len(data), now)
+            if now - self._touched_at >= _TOUCH_EVERY:
+                self._record_touched_locked()
         return data
+
+    def _record_touched_locked(self) -> None:
+        """Write the reads since the last time into the index (one transaction: a commit per
+        read cost ~1.5 ms, most of a JAX-cache hit through the kiln:// route). Best-effort: a
+        read-only or full store still serves its entries."""
+        touched, self._touched = self._touched, {}
+        self._touched_at = time.time()
+        if not touched:
+            return
+        with contextlib.suppress(OSError, sqlite3.Error):
+            db = self._conn()
+            for key, (size, when) in touched.items():
+                cur = db.execute("UPDATE entries SET last_used=? WHERE key=?", (when, key))
+                if cur.rowcount == 0 and self._path(key).exists():  # (not deleted since)
+                    db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                               (key, size, when, when))
+            db.commit()
+
+    def flush(self) -> None:
+        """Record pending reads in the index (LRU order) now."""
+        with self._lock:
+            self._record_touched_locked()
 
     def peek(self, key: str) -> bytes | None:
         """The blob stored under ``key``, or ``None``, without marking it used (for audits)."""
@@ -314,6 +350,7 @@ class LocalStore:
             raise
         now = time.time()
         with self._lock, _index_errors(self.root / "index.sqlite"):
+            self._record_touched_locked()
             db = self._conn()
             db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
                        (key, len(data), now, now))
@@ -328,6 +365,7 @@ class LocalStore:
         except FileNotFoundError:
             existed = False
         with self._lock, _index_errors(self.root / "index.sqlite"):
+            self._touched.pop(key, None)
             db = self._conn()
             db.execute("DELETE FROM entries WHERE key=?", (key,))
             db.commit()
@@ -385,6 +423,7 @@ class LocalStore:
             return None
         row = None
         with contextlib.suppress(OSError, sqlite3.Error), self._lock:  # times: best-effort
+            self._record_touched_locked()
             row = self._conn().execute(
                 "SELECT created, last_used FROM entries WHERE key=?", (key,)
             ).fetchone()
@@ -422,6 +461,7 @@ class LocalStore:
                     _sweep_temp_files(sub)
         with self._lock, _index_errors(self.root / "index.sqlite"):
             self._conn()
+            self._record_touched_locked()
             return self._evict_locked(max_size, keep=None, dry_run=dry_run)
 
     def _evict_locked(self, max_size: int, *, keep: str | None, dry_run: bool = False) -> list[str]:
