@@ -34,7 +34,7 @@ import jaxlib
 
 from . import _jax_compat, _stats
 from ._config import get_config
-from ._entry import decode, encode
+from ._entry import FORMAT_VERSION, decode, encode
 from ._errors import EntryError, StoreError, StoreWarning
 from ._key import make_key
 from .stores import open_store, store_fault, user_stacklevel
@@ -66,7 +66,7 @@ _SETTINGS = {  # what the route sets (see enable_jax_cache)
 
 def store_key(jax_key: str) -> str:
     """The store key (64 hex characters) of the value JAX caches under ``jax_key``."""
-    return make_key([("kind", _KIND), ("jax-key", jax_key)])
+    return make_key([("format", str(FORMAT_VERSION)), ("kind", _KIND), ("jax-key", jax_key)])
 
 
 @contextlib.contextmanager
