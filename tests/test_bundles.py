@@ -457,3 +457,34 @@ def test_a_fresh_process_runs_imported_entries_with_no_trace_and_no_compile(
     warm = prog.run(env={"KILN_CACHE_DIR": str(store_b)})
     xp.assert_warm(warm["scaled"])
     assert xp.value(warm["scaled"]) == xp.value(cold["scaled"])
+
+
+def test_export_never_replaces_a_link_or_a_device(
+    store_a: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    real = tmp_path / "real.txt"
+    real.write_text("keep me")
+    link = tmp_path / "link.kilnbundle"
+    link.symlink_to(real)
+    for target in (link, tmp_path):  # a symlink, a folder
+        capsys.readouterr()
+        code, out, err = _run(["export", str(target)], capsys)
+        assert code == 1 and out == ""
+        assert "exists and is not a regular file" in err, err
+    assert link.is_symlink() and real.read_text() == "keep me"
+
+
+def test_a_manifest_nested_past_the_recursion_limit_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A crafted bundle with a valid digest: refused with exit 1, never a traceback."""
+    from kiln._bundle import _PREFIX, FORMAT_VERSION, MAGIC
+    from kiln._entry import digest
+
+    manifest = b"[" * 200_000 + b"]" * 200_000
+    body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(manifest), 0, 0) + manifest
+    bundle = tmp_path / "deep.kilnbundle"
+    bundle.write_bytes(body + digest(body, None))
+    code, out, err = _run(["import", str(bundle), "--cache-dir", str(tmp_path / "B")], capsys)
+    assert (code, out) == (1, "")
+    assert "the bundle manifest is malformed" in err and "Traceback" not in err

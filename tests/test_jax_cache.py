@@ -238,15 +238,33 @@ def test_a_user_cache_dir_is_never_overridden(tmp_path):
         jax.config.update("jax_compilation_cache_dir", None)
 
 
-def test_an_entry_of_another_kind_under_the_key_reads_as_absent(kiln_store):
+def test_disable_keeps_the_route_off_for_later_kiln_functions(kiln_store):
+    kiln.configure(jax_cache=True)
+    try:
+        assert kiln.enable_jax_cache() is True
+        kiln.disable_jax_cache()
+        kiln.jit(lambda x: x + 1)  # would turn the route on by default
+        assert _jax_cache.is_enabled() is False
+        assert kiln.enable_jax_cache() is True  # explicitly, it comes back
+    finally:
+        kiln.disable_jax_cache()
+        kiln.configure(jax_cache=None)
+
+
+def test_an_entry_of_another_kind_under_the_key_reads_as_absent(kiln_store, caplog):
     """A valid kiln entry copied under a route key (not a jax-cache entry) is not handed to
-    JAX: it reads as absent and is counted as bad."""
+    JAX: it reads as absent, is counted as bad, and is logged (not warned: this runs inside
+    JAX's cache, where a warning made an error would stop the user's call)."""
     s = LocalStore(str(kiln_store))
     jax_key = "jit_h-0123abcd"
     key = _jax_cache.store_key(jax_key)
     s.put(key, encode({"kind": "executable", "key": key}, {"jax": b"not-an-executable"},
                       signing_key=None))
     path = _jax_cache.StorePath(_jax_cache.ROOT) / f"{jax_key}-cache"
-    with pytest.warns(kiln.StoreWarning, match="is unusable"):
+    with caplog.at_level("WARNING", logger="kiln"):
         assert path.exists() is False
+        assert path.exists() is False  # once per entry
     assert kiln.stats().bad_entries == 1
+    assert [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()] == [
+        f"kiln: JAX cache entry {key[:12]} (jit_h) in {str(kiln_store)!r} is unusable (entry "
+        f"was written for key {key[:12]}); JAX compiles it again and kiln replaces it"]

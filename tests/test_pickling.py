@@ -254,3 +254,47 @@ def test_module_level_noinline_pickles_by_reference() -> None:
     globals()["_module_level_noinline"] = g
     g.__qualname__ = "_module_level_noinline"
     assert pickle.loads(pickle.dumps(g)) is g
+
+
+SCRIPT_LEVEL = r'''
+import json, sys
+import jax.numpy as jnp
+import kiln
+from joblib import Parallel, delayed
+
+
+@kiln.jit
+def tripled(x):                       # module level in a script: __main__
+    return jnp.sin(x) * 3.0
+
+
+@kiln.noinline
+def halved(x):
+    return x / 2.0
+
+
+def work(f, g, n):
+    import kiln, jax.numpy as jnp
+    out = [f(jnp.arange(3.0) + n).tolist(), g(jnp.arange(3.0) + n).tolist()]
+    s = kiln.stats()
+    return {"out": out, "traces": s.traces, "compiles": s.compiles}
+
+
+if __name__ == "__main__":
+    want = [[tripled(jnp.arange(3.0) + n).tolist(), halved(jnp.arange(3.0) + n).tolist()]
+            for n in range(2)]
+    import os
+    os.environ["KILN_CACHE_DIR"] = sys.argv[1]      # the workers' store is empty
+    got = Parallel(n_jobs=2, backend="loky")(delayed(work)(tripled, halved, n) for n in range(2))
+    print(json.dumps({"want": want, "got": got}))
+'''
+
+
+def test_a_script_level_function_reaches_loky_workers_with_its_executables(tmp_path: Path) -> None:
+    """A module-level kiln function of a script lives in ``__main__``: a worker has another
+    ``__main__``, so it pickles by value (as cloudpickle pickles a script's functions)."""
+    pytest.importorskip("joblib")
+    res = _run(tmp_path, SCRIPT_LEVEL, [str(tmp_path / "workers-store")], tmp_path / "parent")
+    assert [r["out"] for r in res["got"]] == res["want"]
+    for r in res["got"]:
+        assert (r["traces"], r["compiles"]) == (0, 0), r

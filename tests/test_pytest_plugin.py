@@ -80,3 +80,29 @@ def test_without_the_flag_the_plugin_does_nothing(tmp_path):
     assert plain["kiln_imported"] is False  # the plugin did not even import kiln
     assert "kiln:" not in out
     assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.slow
+def test_a_broken_entry_never_fails_a_suite_that_makes_warnings_errors(tmp_path):
+    """pytest's ``filterwarnings = error`` (common in JAX projects): a bad entry is logged,
+    JAX compiles again, the entry is replaced, and every test passes."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
+    cold, _ = _pytest(tmp_path, "--kiln")
+    for path in sorted((tmp_path / "store").rglob("*.kiln"))[:2]:
+        path.write_bytes(path.read_bytes()[:100])  # truncated
+    broken, out = _pytest(tmp_path, "--kiln")
+    assert broken["compiles"] == 2
+    warm, out = _pytest(tmp_path, "--kiln")
+    assert warm["compiles"] == 0  # replaced
+
+
+@pytest.mark.slow
+def test_a_bad_kiln_setting_is_one_usage_error(tmp_path):
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
+    env.update(KILN_MAX_SIZE="lots", REPORT=str(tmp_path / "r.json"), JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py",
+         "--kiln"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
+    assert "kiln: KILN_MAX_SIZE" in proc.stderr and "INTERNALERROR" not in proc.stdout

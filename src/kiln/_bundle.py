@@ -33,12 +33,14 @@ import only bundles you made or got from someone you trust, or set the same
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import logging
 import os
 import re
+import stat
 import struct
 import tempfile
 import time
@@ -144,7 +146,8 @@ def decode_bundle(
             offset += size
         if offset != end:
             raise ValueError(f"{end - offset} bytes after the last entry")
-    except (ValueError, KeyError, TypeError) as e:  # digest verified: a writer's bug
+    # (digest verified: a writer's bug, or a crafted manifest nested past Python's recursion)
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise _refused(f"the bundle manifest is malformed ({e})", "export it again") from None
     return manifest, items
 
@@ -202,7 +205,17 @@ def _environment() -> dict[str, str]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder (0600: a bundle holds native code), then ``os.replace``."""
+    """Temp file in the same folder (0600: a bundle holds native code), then ``os.replace``.
+    An existing path that is not a regular file (a link, a device such as /dev/null, a folder)
+    is refused, never replaced."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EEXIST, "it exists and is not a regular file (a link, a device "
+                          "or a folder); give the path of a new or regular file")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

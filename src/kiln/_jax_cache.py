@@ -10,7 +10,9 @@ persistence through JAX's supported configuration: ``jax_compilation_cache_dir``
 decoded, it is written atomically, counted in the store's size cap and LRU order, listed by
 ``kiln ls`` as ``jax:<module name>``, checked by ``kiln verify``, and counted in
 :func:`kiln.stats`. A corrupt, foreign or tampered entry reads as absent: JAX compiles and
-writes it again.
+writes it again. Problems are logged (logger ``kiln``, WARNING), never raised as warnings: this
+code runs inside JAX's cache, where a warning made an error by the user's filters would stop the
+call.
 
 JAX decides what it caches: jax 0.10 never writes an executable that holds host callbacks
 (``jax.debug.print``, ``io_callback``, equinox's runtime checks); jax 0.11 and later write
@@ -35,9 +37,9 @@ import jaxlib
 from . import _jax_compat, _stats
 from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
-from ._errors import EntryError, StoreError, StoreWarning
+from ._errors import EntryError, StoreError
 from ._key import make_key
-from .stores import open_store, store_fault, user_stacklevel
+from .stores import open_store, store_fault
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -54,6 +56,7 @@ _local = threading.local()  # .own: inside kiln's own compile; .last: (name, val
 # ``exists`` right after its get missed, and one bad entry is one warning
 _unusable: set[str] = set()
 _registered = False
+_turned_off = False  # disable_jax_cache was called: kiln.jit does not turn the route on again
 _enable_lock = threading.Lock()
 _saved: dict[str, Any] = {}  # JAX's settings before the route, put back by disable_jax_cache
 _SETTINGS = {  # what the route sets (see enable_jax_cache)
@@ -154,7 +157,7 @@ def _read(jax_key: str) -> bytes | None:
     try:
         blob = store.get(key)
     except (OSError, StoreError) as e:
-        store_fault(store, "read", e, strict=cfg.strict)
+        store_fault(store, "read", e, strict=cfg.strict, report=logger.warning)
         return None
     if blob is None or key in _unusable:
         return None
@@ -166,11 +169,12 @@ def _read(jax_key: str) -> bytes | None:
     except (EntryError, KeyError) as e:
         _unusable.add(key)
         _stats.bump(bad_entries=1)
-        warnings.warn(
-            f"kiln: JAX cache entry {key[:12]} ({_module_name(jax_key)}) in {store.url!r} is "
-            f"unusable ({e}); JAX compiles it again and kiln replaces it",
-            StoreWarning, stacklevel=user_stacklevel(),
-        )
+        # logged, not warned: this runs inside JAX's cache, where a warning turned into an
+        # error (pytest's filterwarnings = error) would fail the user's call before the
+        # recompile that replaces the entry
+        logger.warning("kiln: JAX cache entry %s (%s) in %r is unusable (%s); JAX compiles it "
+                       "again and kiln replaces it", key[:12], _module_name(jax_key),
+                       store.url, e)
         return None
     return value
 
@@ -192,7 +196,7 @@ def _write(jax_key: str, value: bytes) -> None:
     try:
         store.put(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
     except (OSError, StoreError) as e:
-        store_fault(store, "write to", e, strict=cfg.strict)
+        store_fault(store, "write to", e, strict=cfg.strict, report=logger.warning)
         return
     _unusable.discard(key)
     _stats.bump(jax_cache_writes=1)
@@ -235,8 +239,9 @@ def enable_jax_cache() -> bool:
         their own ``jax_compilation_cache_dir`` (or ``JAX_COMPILATION_CACHE_DIR``), or when
         ``etils`` (``etils[epath]``) is not installed (with a warning).
     """
-    global _registered
+    global _registered, _turned_off
     with _enable_lock:
+        _turned_off = False
         if is_enabled():
             return True
         if _cache_dir():
@@ -264,8 +269,12 @@ def enable_jax_cache() -> bool:
 
 def disable_jax_cache() -> None:
     """Undo :func:`enable_jax_cache`: JAX's cache settings as they were before it (entries
-    already written stay in the store). Does nothing when the route is off."""
+    already written stay in the store), for the rest of the process: a later :func:`kiln.jit`
+    does not turn the route on again (:func:`enable_jax_cache` does). Does nothing to JAX's
+    settings when the route is off."""
+    global _turned_off
     with _enable_lock:
+        _turned_off = True
         if not is_enabled():
             return
         for name, value in _saved.items():
@@ -277,7 +286,7 @@ def disable_jax_cache() -> None:
 def enable_by_default() -> None:
     """The route for a process that uses :func:`kiln.jit`, unless ``KILN_JAX_CACHE=0`` or the
     user set their own ``jax_compilation_cache_dir``."""
-    if is_enabled() or not get_config().jax_cache:
+    if _turned_off or is_enabled() or not get_config().jax_cache:
         return
     try:
         enable_jax_cache()

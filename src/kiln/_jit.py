@@ -417,15 +417,17 @@ class JitFunction:
 
     def __reduce__(self) -> Any:
         """By reference when this very object can be found again by module and name (as
-        functions and jax.jit's are); otherwise by value (``__main__``, a notebook, a closure:
-        needs cloudpickle for the function itself), carrying the stored entries of the
-        signatures compiled so far (``pickle_max_size``). Unpickling is trusted, as pickle
-        always is: a pickle can run any code."""
+        functions and jax.jit's are); otherwise by value, carrying the stored entries of the
+        signatures compiled so far (``pickle_max_size``). By value: a script's or notebook's
+        ``__main__`` (its function travels as cloudpickle bytes, so plain pickle and
+        ``multiprocessing`` carry it too), a closure or lambda (cloudpickle needed for the
+        function). Unpickling is trusted, as pickle always is: a pickle can run any code."""
         name = _travel.name_if_found(self)
         if name is not None:
             return name
         entries = [e for per_miss in list(self._entries) for e in list(per_miss)]
-        return (_unpickle, (self._fun, self._ctor, _travel.carried_entries(entries)))
+        return (_unpickle, (_travel.portable(self._fun), self._ctor,
+                            _travel.carried_entries(entries)))
 
     # -- argument handling -----------------------------------------------------------------
     def _split(

@@ -103,7 +103,8 @@ class NoinlineFunction:
             subs = [sub for sub, _ in self._subs.values()]
         entries = [e for sub in subs for per_miss in list(sub.jit._entries)
                    for e in list(per_miss)]
-        return (_unpickle, (self._fun, sorted(self._static_argnames), self._tier_up,
+        return (_unpickle, (_travel.portable(self._fun), sorted(self._static_argnames),
+                            self._tier_up,
                             _travel.carried_entries(entries)))
 
     def dynamic(self) -> DynamicNoinline:

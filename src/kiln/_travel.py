@@ -17,12 +17,14 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
+import cloudpickle
+
 from ._config import get_config
 from ._entry import decode
 from ._errors import EntryError, StoreError, StoreWarning
 from .stores import Store, open_store
 
-__all__ = ["carried_entries", "name_if_found", "store_carried"]
+__all__ = ["carried_entries", "name_if_found", "portable", "store_carried"]
 
 logger = logging.getLogger("kiln")
 
@@ -86,11 +88,41 @@ def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
     return written
 
 
+_SCRIPT_MODULES = ("__main__", "__mp_main__")
+
+
 def name_if_found(obj: Any) -> str | None:
     """``obj``'s qualified name when importing its module and looking the name up gives back
-    ``obj`` itself (pickle by reference, as functions and ``jax.jit``'s are); else None."""
+    ``obj`` itself (pickle by reference, as functions and ``jax.jit``'s are); else None.
+
+    A script's or notebook's ``__main__`` is never found this way: another process has its own
+    ``__main__`` (cloudpickle pickles such functions by value too)."""
+    module = str(getattr(obj, "__module__", ""))
+    if module in _SCRIPT_MODULES:
+        return None
     name = str(getattr(obj, "__qualname__", ""))
-    found: Any = sys.modules.get(str(getattr(obj, "__module__", "")))
+    found: Any = sys.modules.get(module)
     for part in name.split("."):
         found = getattr(found, part, None)
     return name if name and found is obj else None
+
+
+class _ByValue:
+    """A script function (``__main__``) inside a kiln function pickled by value, as cloudpickle
+    bytes: any pickler carries it (plain pickle, as ``multiprocessing`` uses, would look the
+    function up by name in the receiver's ``__main__`` and find the kiln function there, or
+    nothing)."""
+
+    def __init__(self, fun: Any) -> None:
+        self.payload = cloudpickle.dumps(fun)
+
+    def __reduce__(self) -> Any:
+        return (cloudpickle.loads, (self.payload,))
+
+
+def portable(fun: Any) -> Any:
+    """``fun`` as a kiln function pickled by value should carry it: a function of a script's
+    ``__main__`` by value (cloudpickle), anything else as it is."""
+    if str(getattr(fun, "__module__", "")) in _SCRIPT_MODULES:
+        return _ByValue(fun)
+    return fun

@@ -34,8 +34,16 @@ def pytest_addoption(parser: Any) -> None:
     )
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
 def _wanted(config: Any) -> bool:
-    return bool(config.getoption("kiln")) or os.environ.get("KILN_PYTEST", "") in ("1", "true")
+    raw = os.environ.get("KILN_PYTEST", "").strip().lower()
+    if raw not in _TRUE + _FALSE:
+        raise pytest.UsageError(
+            f"KILN_PYTEST must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
+    return bool(config.getoption("kiln")) or raw in _TRUE
 
 
 def pytest_configure(config: Any) -> None:
@@ -44,6 +52,10 @@ def pytest_configure(config: Any) -> None:
     import kiln
     from kiln import _jax_cache
 
+    try:
+        kiln.get_config()  # a bad KILN_* setting: one clear error now, not one per compile
+    except kiln.ConfigError as e:
+        raise pytest.UsageError(f"kiln: {e}") from None
     on = _jax_cache.enable_jax_cache()
     config.stash[_STATE] = (on, kiln.stats())
     if not on:
@@ -63,8 +75,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
     import kiln
 
     before, after = got[1], kiln.stats()
-    store = kiln.get_config()
-    where = store.store or str(store.cache_dir)
+    try:
+        cfg = kiln.get_config()
+        where = cfg.store or str(cfg.cache_dir)
+    except kiln.ConfigError as e:  # changed by a test since the session began
+        where = f"unknown: {e}"
     terminalreporter.write_line(
         f"kiln: JAX cache hits {after.jax_cache_hits - before.jax_cache_hits}, "
         f"misses {after.jax_cache_misses - before.jax_cache_misses}, "

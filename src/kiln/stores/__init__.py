@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 
 from .. import _stats
 from .._config import Config
@@ -61,10 +62,15 @@ _faulted_lock = threading.Lock()
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def store_fault(store: Store, doing: str, e: BaseException, *, strict: bool) -> None:
+def store_fault(
+    store: Store, doing: str, e: BaseException, *, strict: bool,
+    report: Callable[[str], None] | None = None,
+) -> None:
     """The store itself failed (I/O, its index, a refused directory): counted in
-    ``kiln.stats().store_errors``; one :class:`kiln.StoreWarning` per store per process, then
-    quiet (the program goes on compiling in memory).
+    ``kiln.stats().store_errors``; one :class:`kiln.StoreWarning` per store per process (or
+    one call of ``report`` with the message, where a warning could stop the program: inside
+    JAX's cache, under ``filterwarnings = error``), then quiet (the program goes on compiling
+    in memory).
 
     Raises:
         StoreError: ``strict`` (``KILN_STRICT=1``).
@@ -79,11 +85,12 @@ def store_fault(store: Store, doing: str, e: BaseException, *, strict: bool) -> 
             logger.debug("%s", message)
             return
         _faulted_stores.add(store.url)
-    warnings.warn(
-        f"{message}; compiling in memory (further problems with this store are counted in "
-        "kiln.stats().store_errors, not repeated)", StoreWarning,
-        stacklevel=user_stacklevel(),
-    )
+    text = (f"{message}; compiling in memory (further problems with this store are counted "
+            "in kiln.stats().store_errors, not repeated)")
+    if report is not None:
+        report(text)
+        return
+    warnings.warn(text, StoreWarning, stacklevel=user_stacklevel())
 
 
 def user_stacklevel() -> int:
