@@ -250,7 +250,7 @@ def write_bundle(
         if names is not None and not _matches((read_header(blob) or {}).get("function"), names):
             continue
         try:
-            header = decode(blob, signing_key=cfg.signing_key).header
+            header = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old).header
             _check_key(header, key)
         except EntryError as e:
             skipped.append((key, str(e)))
@@ -451,7 +451,7 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
     for row, blob in items:
         key, function = row["key"], str(row.get("function", "?"))
         try:
-            header = decode(blob, signing_key=cfg.signing_key).header
+            header = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old).header
             _check_key(header, key)
         except EntryError as e:
             done.append(ImportedEntry(key, function, "skipped", f"does not verify here: {e}"))

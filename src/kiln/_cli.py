@@ -121,10 +121,12 @@ def _configured(**settings: Any) -> contextlib.AbstractContextManager[None]:
 
 def _open_store() -> Any:
     """The configured store; a local one that kiln would refuse (not a directory, writable by
-    others) is an error here (exit 1), as it is a warning in programs."""
+    others) is an error here (exit 1), as it is a warning in programs. A remote store URL
+    (``redis://``, ``s3://``, ...) is the remote store itself, not layered behind the local
+    one: ``kiln ls --store redis://...`` lists what the fleet shares."""
     from .stores import open_store
 
-    store = open_store(_config.get_config())
+    store = open_store(_config.get_config(), layered=False)
     check = getattr(store, "check", None)
     if check is not None:
         check()
@@ -328,7 +330,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             continue  # removed since iter()
         if blob is not None:
             try:
-                entry = decode(blob, signing_key=cfg.signing_key)
+                entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
                 function = str(entry.header.get("function", "?"))
                 if entry.header.get("kind") == "verify-only" and "." not in function:
                     function = "-"  # an old marker: its "function" held the format version
@@ -377,15 +379,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    from .stores import LocalStore
-
     try:
         max_size = _config.parse_size(args.max_size, name="--max-size")
     except KilnError as e:
         raise _Failure(str(e), code=2) from None
     store = _open_store()
-    if not isinstance(store, LocalStore):
-        raise _Failure(f"prune needs a local store; the configured store is {store.url!r}")
+    if not callable(getattr(store, "prune", None)):
+        raise _Failure(f"store {store.url!r} cannot be pruned (it keeps no last-use order)")
     sizes = {}
     for key in store.iter():
         with contextlib.suppress(ValueError):
@@ -490,7 +490,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
 def _stats_delta(before: Any, after: Any) -> dict[str, float]:
     return {f: getattr(after, f) - getattr(before, f)
             for f in (*_STATS_FIELDS, "bad_entries", "jax_cache_hits", "jax_cache_misses",
-                      "jax_cache_writes")}
+                      "jax_cache_writes", "remote_hits", "remote_misses", "remote_timeouts",
+                      "remote_errors", "lease_waits", "lease_takeovers")}
 
 
 def _format_summary(delta: dict[str, float]) -> str:
@@ -509,6 +510,11 @@ def _format_summary(delta: dict[str, float]) -> str:
         parts.append(f"jax cache hits: {int(delta['jax_cache_hits'])}, "
                      f"misses: {int(delta['jax_cache_misses'])}, "
                      f"written: {int(delta['jax_cache_writes'])}")
+    remote = ("remote_hits", "remote_misses", "remote_timeouts", "remote_errors", "lease_waits",
+              "lease_takeovers")
+    if any(delta[f] for f in remote):
+        # a fleet store: what the remote store answered, and single-flight waits
+        parts.append(", ".join(f"{f.replace('_', ' ')}: {int(delta[f])}" for f in remote))
     return "kiln: " + ", ".join(parts)
 
 

@@ -9,6 +9,7 @@ never imports ``_jit``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -33,7 +34,7 @@ from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_f
 from ._jax_cache import kiln_compiling
 from ._key import environment_parts, make_key
 from ._progress import compiling
-from .stores import Store, open_store, store_fault, user_stacklevel
+from .stores import Leasable, Lease, Store, open_store, store_fault, user_stacklevel
 
 logger = logging.getLogger("kiln")
 
@@ -81,6 +82,35 @@ class Loaded:
 
 
 _ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
+
+
+@contextlib.contextmanager
+def _holding(lease: Lease | None, seconds: float) -> Any:
+    """Hold ``lease`` (if any) for the block: renewed every third of ``seconds`` on a thread,
+    released at the end (a failed renew or release only ends the lease early: a waiter then
+    compiles too, and entries are content-addressed)."""
+    if lease is None:
+        yield
+        return
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(seconds / 3):
+            try:
+                if not lease.renew():
+                    return
+            except Exception:  # noqa: BLE001 - the store failed: the lease just runs out
+                return
+
+    thread = threading.Thread(target=renew, name="kiln-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        with contextlib.suppress(Exception):
+            lease.release()
 
 
 class _Box(dict[Any, Any]):
@@ -327,6 +357,10 @@ class _Miss:
         # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):
         # what a kiln function pickled by value carries with it
         self.entries: list[tuple[Store, str]] = []
+        # keys whose stored entry was found stale or unusable: written with the store's
+        # replace (a remote store's put is create-only)
+        self.replace_keys: set[str] = set()
+        self._quiet = False  # polling for another process's entry: no miss explanations
         structure, aux = _treedef_parts(treedef)
         self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
         extra = list(aux)
@@ -404,10 +438,20 @@ class _Miss:
                              "and recompile)")
         warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=user_stacklevel())
 
+    def _bad_entry(self, message: str) -> None:
+        """Count and warn about a bad entry, once per key (not again when single-flight
+        looks at the same entry once more)."""
+        if self._quiet:
+            return
+        _stats.bump(bad_entries=1)
+        self._warn(message, "recompiling and replacing it")
+
     def _store_fault(self, doing: str, e: BaseException) -> None:
         store_fault(self.store, doing, e, strict=self.cfg.strict)
 
     def _explain(self, kind: str, message: str) -> None:
+        if self._quiet:
+            return
         _explain.explain(kind, f"{self.jf._name}: {message}", explain_on=self.cfg.explain)
 
     def _trace(self) -> jax.stages.Traced:
@@ -506,20 +550,26 @@ class _Miss:
             self._store_fault("read", e)
             return _UNUSABLE
         if blob is None:
-            self._log_memory_reason()
-            self._explain_persistent_miss(key)
+            if not self._quiet:
+                self._log_memory_reason()
+                self._explain_persistent_miss(key)
             return _ABSENT
+        got = self._use(key, blob, t_start)
+        if got.outcome in (Outcome.STALE, Outcome.UNUSABLE):
+            self.replace_keys.add(key)
+        return got
+
+    def _use(self, key: str, blob: bytes, t_start: float) -> Loaded:
+        """Verify and deserialize the entry ``blob`` found under ``key``, or say why not."""
         try:
-            entry = decode(blob, signing_key=self.cfg.signing_key)
+            entry = decode(blob, signing_key=self.cfg.signing_key,
+                           old_keys=self.cfg.signing_keys_old)
             if entry.header.get("key") != key:
                 # a valid entry stored under another key (a swapped or copied file)
                 raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
         except EntryError as e:
-            _stats.bump(bad_entries=1)
-            self._warn(
-                f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} is unusable "
-                f"({e})", "recompiling and replacing it",
-            )
+            self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} "
+                            f"is unusable ({e})")
             return _UNUSABLE
         header = entry.header
         if header.get("kind") == "verify-only":
@@ -578,11 +628,8 @@ class _Miss:
                     static_out = _jax_compat.unpickle_value(entry.sections["static_out"])
                 compiled = _with_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
-            _stats.bump(bad_entries=1)
-            self._warn(
-                f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
-                f"({type(e).__name__}: {e})", "recompiling and replacing it",
-            )
+            self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
+                            f"({type(e).__name__}: {e})")
             return _UNUSABLE
         load_s = time.perf_counter() - t0
         _stats.bump(hits=1, load_seconds=load_s,
@@ -672,7 +719,79 @@ class _Miss:
         )
         return True
 
+    # -- single-flight ----------------------------------------------------------------------
+    def _await_or_lease(self, key: str, t_start: float) -> tuple[Loaded | None, Lease | None]:
+        """Single-flight before compiling ``key``: one process compiles, the others wait for
+        its entry. Returns (a HIT when another process's entry arrived, None) or (None, the
+        lease this process now holds, or None where the store leases nothing or failed).
+
+        A waiter polls the store; it takes the key over when the holder's lease runs out (the
+        holder died: a local file lock is freed by the OS at once, a remote lease after
+        ``lease_seconds``), and gives up waiting after ``lease_wait`` seconds.
+        """
+        if not isinstance(self.store, Leasable):
+            return None, None
+        cfg = self.cfg
+        try:
+            lease = self.store.lease(key, cfg.lease_seconds)
+        except (OSError, StoreError) as e:
+            # (a read-only store: no lease, and its put will say why it cannot store)
+            logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
+            return None, None
+        deadline = time.monotonic() + cfg.lease_wait
+        pause = 0.05
+        waited = 0.0
+        with contextlib.ExitStack() as showing:
+            while True:
+                try:
+                    held = lease.acquire()
+                except (OSError, StoreError) as e:
+                    logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
+                    return None, None
+                # (again after taking the lease: the entry may have arrived since the miss)
+                self._quiet = True
+                try:
+                    got = self._load(key, t_start)
+                finally:
+                    self._quiet = False
+                if got.outcome is Outcome.HIT:
+                    if held:
+                        with contextlib.suppress(OSError, StoreError):
+                            lease.release()
+                    return got, None
+                if held:
+                    if waited:
+                        _stats.bump(lease_takeovers=1)
+                        self._explain("single-flight", f"{key[:12]}: the other process's lease "
+                                      "ended without its entry; compiling it here")
+                    return None, lease
+                if got.outcome not in (Outcome.ABSENT, Outcome.STALE):
+                    return None, None  # unusable: compile here (warned in _load)
+                if not waited:
+                    _stats.bump(lease_waits=1)
+                    self._explain("single-flight", f"another process is compiling {key[:12]} "
+                                  f"({self.signature}); waiting for its entry")
+                    showing.enter_context(compiling(
+                        f"{self.jf._name} ({self.signature})", cfg.progress,
+                        doing="waiting for another process compiling"))
+                if time.monotonic() > deadline:
+                    self._explain("single-flight", f"waited {cfg.lease_wait:g} s for another "
+                                  f"process compiling {key[:12]}; compiling it here")
+                    return None, None
+                time.sleep(pause)
+                waited += pause
+                pause = min(pause * 1.5, 0.5, cfg.lease_seconds / 4)
+
     def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
+        got, lease = self._await_or_lease(key, t_start)
+        if got is not None:
+            return got.executable
+        with _holding(lease, self.cfg.lease_seconds):
+            return self._compile_and_store_held(key, manifest, t_start)
+
+    def _compile_and_store_held(
+        self, key: str, manifest: list[list[str]] | None, t_start: float
+    ) -> Any:
         self._log_memory_reason()
         self._trace()
         self.key = key
@@ -762,8 +881,11 @@ class _Miss:
         if key is None:
             return
         blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
+        write = self.store.put
+        if key in self.replace_keys:  # (a remote store's put keeps what it holds)
+            write = getattr(self.store, "replace", write)
         try:
-            self.store.put(key, blob)
+            write(key, blob)
         except (OSError, StoreError) as e:
             self._store_fault("write to", e)
             return

@@ -35,7 +35,23 @@ class Config:
         cache_dir: directory of the default local store. Default: the user cache directory
             (``platformdirs.user_cache_dir("kiln")``), created private to the user (0700).
         store: store URL: ``None`` or ``"local"`` (the local directory store at ``cache_dir``),
-            a directory path, ``"memory"`` (this process only) or ``"null"`` (persistence off).
+            a directory path or ``file://`` URL, ``"memory"`` (this process only), ``"null"``
+            (persistence off), or a remote store shared by many processes and hosts:
+            ``redis://host:port/db`` (also ``rediss://``, ``unix://``; needs the ``redis``
+            extra) or any fsspec URL (``s3://bucket/prefix``, ``gs://...``, ``memory://...``;
+            needs the fsspec implementation, e.g. the ``s3`` extra). A remote store sits behind
+            the local one (see ``remote_mode``).
+        remote_mode: how a remote ``store`` is used: ``"layered"`` (default: read the local
+            store, then the remote; a remote hit is copied into the local store; writes go to
+            both), ``"remote-only"`` (no local store) or ``"read-only"`` (layered, but never
+            writes to the remote: for workers that must not publish entries).
+        remote_timeout: seconds one remote store operation may take (connecting: at most 1 s)
+            before the remote store is skipped for the rest of the process. Default 10.
+        lease_seconds: single-flight: a process compiling a key holds a lease on it for this
+            many seconds, renewed while it compiles; other processes wait for its entry, and
+            take over if the lease runs out (its holder died). Default 30.
+        lease_wait: seconds a process waits for another's compile of the same key before
+            compiling it itself anyway. Default 900.
         max_size: size cap of the local store in bytes (``KILN_MAX_SIZE`` accepts ``4GiB``,
             ``500MB``, ...). Least recently used entries are evicted above it. Default 4 GiB.
         explain: log why each miss happened at WARNING (else DEBUG).
@@ -45,6 +61,9 @@ class Config:
             followed by a recompile.
         signing_key: if set, entries carry an HMAC-SHA256 under this key instead of a plain
             SHA-256 digest, and entries not signed with it are refused.
+        signing_keys_old: earlier signing keys still accepted for reading during a key
+            rotation (``KILN_SIGNING_KEYS_OLD``: comma-separated); entries are always written
+            with ``signing_key``.
         progress: show a progress line on stderr while a compile runs longer than ~1.5 s
             (``None``: only when stderr is a terminal).
         tier_up: under :func:`kiln.jit`, a program that calls :func:`kiln.noinline` functions
@@ -62,11 +81,16 @@ class Config:
 
     cache_dir: Path
     store: str | None = None
+    remote_mode: str = "layered"
+    remote_timeout: float = 10.0
+    lease_seconds: float = 30.0
+    lease_wait: float = 900.0
     max_size: int = 4 * _GIB
     explain: bool = False
     verify: bool = False
     strict: bool = False
     signing_key: str | None = None
+    signing_keys_old: tuple[str, ...] = ()
     progress: bool | None = None
     tier_up: bool = True
     pickle_max_size: int = 256 * 1024**2
@@ -80,6 +104,8 @@ _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "kiln_config", default=_NO_CONTEXT
 )
 
+_REMOTE_MODES = ("layered", "remote-only", "read-only")
+_SCHEME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
 
@@ -151,17 +177,56 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
         if value in (None, ""):
             return None
         text = str(value)
-        scheme = text.partition("://")[0] if "://" in text else ""
-        if scheme not in ("", "file"):
+        if "://" in text and not _SCHEME_RE.match(text):
+            where = "KILN_STORE" if from_env else "store"
+            raise ConfigError(
+                f"{where}={text!r} is not a store URL; use 'local', 'memory', 'null', a "
+                "directory path, or a URL such as redis://host:6379/0 or s3://bucket/prefix"
+            )
+        scheme = text.partition("://")[0].lower() if "://" in text else ""
+        if scheme and not _known_scheme(scheme):
             where = "KILN_STORE" if from_env else "store"
             raise ConfigError(
                 f"{where}={text!r}: unknown store scheme {scheme!r}; use 'local', 'memory', "
-                "'null', a directory path or a file:// URL"
+                "'null', a directory path or file:// URL, redis://host:port/db, or a URL fsspec "
+                "knows (s3://bucket/prefix, gs://..., memory://...)"
             )
         return text
+    if name == "remote_mode":
+        text = str(value).strip().lower()
+        if text not in _REMOTE_MODES:
+            where = "KILN_REMOTE_MODE" if from_env else "remote_mode"
+            raise ConfigError(f"{where} must be one of {', '.join(_REMOTE_MODES)}, got {value!r}")
+        return text
+    if name in ("remote_timeout", "lease_seconds", "lease_wait"):
+        where = f"KILN_{name.upper()}" if from_env else name
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number of seconds, got {value!r}") from None
+        if not seconds > 0 or seconds == float("inf"):
+            raise ConfigError(f"{where} must be a positive number of seconds, got {value!r}")
+        return seconds
+    if name == "signing_keys_old":
+        if value in (None, ""):
+            return ()
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(str(k).strip() for k in items if str(k).strip())
     if name == "signing_key":
         return None if value in (None, "") else str(value)
     raise AssertionError(name)  # pragma: no cover
+
+
+def _known_scheme(scheme: str) -> bool:
+    """Whether kiln.stores can open a ``scheme://`` store URL: file, Redis, or a protocol fsspec
+    knows (without fsspec installed, any: opening the store says what to install)."""
+    if scheme in ("file", "redis", "rediss", "unix"):
+        return True
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return True
+    return scheme in known_implementations or scheme in registry
 
 
 def _default_cache_dir() -> Path:

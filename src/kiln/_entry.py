@@ -85,8 +85,11 @@ def _check_prefix(blob: bytes | memoryview) -> tuple[int, int, int]:
     return hlen, plen, kind
 
 
-def decode(blob: bytes, *, signing_key: str | None) -> Entry:
+def decode(blob: bytes, *, signing_key: str | None, old_keys: tuple[str, ...] = ()) -> Entry:
     """Verify and decode an entry.
+
+    ``old_keys``: earlier signing keys also accepted for a signed entry (a key rotation:
+    ``KILN_SIGNING_KEYS_OLD``); none of them is tried when ``signing_key`` is unset.
 
     Raises:
         EntryError: truncated, foreign, other format version, unsigned when a key is configured
@@ -103,7 +106,9 @@ def decode(blob: bytes, *, signing_key: str | None) -> Entry:
             if kind
             else "entry is not signed but a signing_key is configured"
         )
-    if not hmac.compare_digest(digest(view[:end], signing_key), bytes(view[end:])):
+    body, want = view[:end], bytes(view[end:])
+    keys = (signing_key, *old_keys) if signing_key else (None,)
+    if not any(hmac.compare_digest(digest(body, k), want) for k in keys):
         raise EntryError(
             "entry digest mismatch (corrupt or tampered"
             + (", or signed with another key)" if signing_key else ")")

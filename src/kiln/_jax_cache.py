@@ -162,7 +162,7 @@ def _read(jax_key: str) -> bytes | None:
     if blob is None or key in _unusable:
         return None
     try:
-        entry = decode(blob, signing_key=cfg.signing_key)
+        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
         if entry.header.get("key") != key or entry.header.get("kind") != _KIND:
             raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
         value = entry.sections["jax"]

@@ -14,8 +14,9 @@ DELAY_SECONDS = 1.5
 
 
 @contextmanager
-def compiling(name: str, enabled: bool | None) -> Iterator[None]:
-    """Show ``kiln: compiling NAME (N s)`` on stderr after ``DELAY_SECONDS`` until the block ends.
+def compiling(name: str, enabled: bool | None, *, doing: str = "compiling") -> Iterator[None]:
+    """Show ``kiln: compiling NAME (N s)`` on stderr after ``DELAY_SECONDS`` until the block ends
+    (``doing``: another verb, e.g. ``"waiting for another process compiling"``).
 
     ``enabled=None`` shows it only when stderr is a terminal.
     """
@@ -33,10 +34,10 @@ def compiling(name: str, enabled: bool | None) -> Iterator[None]:
         if done.wait(DELAY_SECONDS):
             return
         console = Console(stderr=True)
-        with console.status(f"kiln: compiling {name}") as status:
+        with console.status(f"kiln: {doing} {name}") as status:
             while not done.wait(0.25):
-                status.update(f"kiln: compiling {name} ({time.perf_counter() - start:.1f} s)")
-        console.print(f"kiln: compiled {name} in {time.perf_counter() - start:.1f} s")
+                status.update(f"kiln: {doing} {name} ({time.perf_counter() - start:.1f} s)")
+        console.print(f"kiln: {doing} {name}: done in {time.perf_counter() - start:.1f} s")
 
     thread = threading.Thread(target=run, name="kiln-progress", daemon=True)
     thread.start()

@@ -41,6 +41,16 @@ class Stats:
             ``jax.monitoring`` events), counted while the ``kiln://`` route is on
             (:func:`kiln.enable_jax_cache`).
         jax_cache_writes: values JAX's cache wrote into kiln's store through the route.
+        remote_hits, remote_misses: lookups a remote store (Redis, an object store) answered
+            with an entry / without one (the local store had none).
+        remote_timeouts, remote_errors: remote store operations that got no answer in
+            ``remote_timeout`` seconds / that failed otherwise (down, full, read-only,
+            rate-limited). The first of either skips the remote store for the rest of the
+            process.
+        lease_waits: misses that waited for another process compiling the same key
+            (single-flight) instead of compiling.
+        lease_takeovers: of those, the waits that ended by taking the key over (the other
+            process's lease ran out: it died, or gave up without writing the entry).
         reasons: count of miss reasons by kind.
     """
 
@@ -61,6 +71,12 @@ class Stats:
     jax_cache_hits: int = 0
     jax_cache_misses: int = 0
     jax_cache_writes: int = 0
+    remote_hits: int = 0
+    remote_misses: int = 0
+    remote_timeouts: int = 0
+    remote_errors: int = 0
+    lease_waits: int = 0
+    lease_takeovers: int = 0
     reasons: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
         return 0
     for key, blob in entries:
         try:
-            entry = decode(blob, signing_key=cfg.signing_key)
+            entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
             if entry.header.get("key") != key:
                 raise EntryError(f"written for key {str(entry.header.get('key'))[:12]}")
         except EntryError as e:

@@ -2,105 +2,128 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 import threading
 import warnings
-from collections.abc import Callable
+from typing import Any
 
-from .. import _stats
 from .._config import Config
-from .._errors import StoreError, StoreWarning
+from .._errors import ConfigError, StoreError, StoreWarning
 from ._base import EntryStat as EntryStat
+from ._base import Leasable as Leasable
+from ._base import Lease as Lease
 from ._base import Store as Store
+from ._faults import store_fault as store_fault
+from ._faults import user_stacklevel as user_stacklevel
+from ._layered import LayeredStore as LayeredStore
 from ._local import LocalStore as LocalStore
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
-__all__ = ["EntryStat", "LocalStore", "MemoryStore", "NullStore", "Store", "open_store",
-           "store_fault", "user_stacklevel"]
+__all__ = ["EntryStat", "LayeredStore", "Leasable", "Lease", "LocalStore", "MemoryStore",
+           "NullStore", "Store", "open_store", "store_fault", "user_stacklevel"]
 
-logger = logging.getLogger("kiln")
-
-_cache: dict[tuple[str, str, int, bool], Store] = {}
+_cache: dict[tuple[Any, ...], Store] = {}
 _lock = threading.Lock()
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_warned_unsigned: set[str] = set()
 
 
-def open_store(config: Config) -> Store:
+def open_store(config: Config, *, layered: bool = True) -> Store:
     """The store named by ``config.store`` (one instance per distinct setting per process).
 
     ``None`` / ``"local"``: :class:`LocalStore` at ``config.cache_dir``; ``"memory"``;
-    ``"null"`` / ``"off"``; any other string is a local directory path (``file://`` allowed).
+    ``"null"`` / ``"off"``; ``redis://``, ``rediss://``, ``unix://``: a Redis server; any other
+    ``scheme://``: an fsspec filesystem (``s3://``, ``gs://``, ``memory://``, ...); anything
+    else is a local directory path (``file://`` allowed). A remote store is returned inside a
+    :class:`LayeredStore` (behind the local store, per ``config.remote_mode``) unless
+    ``layered`` is false (the CLI works on the remote store itself).
+
+    Raises:
+        ConfigError: an unknown URL scheme.
+        StoreError: the scheme's library is not installed (the message names the extra).
     """
     url = config.store
     shared = config.signing_key is not None  # a signed store may be shared (see LocalStore)
-    ident: tuple[str, str, int, bool]
+    scheme = url.partition("://")[0].lower() if url and "://" in url else ""
+    ident: tuple[Any, ...]
     if url is None or url in ("", "local"):
         ident = ("local", str(config.cache_dir), config.max_size, shared)
     elif url in ("memory", "null", "off"):
-        ident = ("memory" if url == "memory" else "null", "", 0, False)
+        ident = ("memory" if url == "memory" else "null",)
+    elif scheme in ("", "file"):
+        ident = ("local", url[len("file://"):] if scheme else url, config.max_size, shared)
     else:
-        path = url[len("file://"):] if url.startswith("file://") else url
-        ident = ("local", path, config.max_size, shared)
+        ident = ("remote", url, config.remote_timeout)
     with _lock:
         store = _cache.get(ident)
         if store is None:
-            if ident[0] == "local":
-                store = LocalStore(str(ident[1]), max_size=config.max_size, shared=shared)
-            elif ident[0] == "memory":
-                store = MemoryStore()
-            else:
-                store = NullStore()
-            _cache[ident] = store
+            store = _cache[ident] = _open(ident, scheme)
+    if ident[0] != "remote":
         return store
+    if not config.signing_key:
+        _warn_unsigned(store.url)
+    if not layered:
+        return store
+    local = None
+    if config.remote_mode != "remote-only":
+        local = open_store(_local_config(config))
+    key = ("layered", ident, local.url if local else None, config.remote_mode, config.strict)
+    with _lock:
+        layers = _cache.get(key)
+        if layers is None:
+            layers = _cache[key] = LayeredStore(
+                local, store, read_only=config.remote_mode == "read-only",
+                timeout=config.remote_timeout, strict=config.strict)
+    return layers
 
 
-# Stores (by URL) that already gave this process its one warning (see store_fault).
-_faulted_stores: set[str] = set()
-_faulted_lock = threading.Lock()
-_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _local_config(config: Config) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(config, store=None)
 
 
-def store_fault(
-    store: Store, doing: str, e: BaseException, *, strict: bool,
-    report: Callable[[str], None] | None = None,
-) -> None:
-    """The store itself failed (I/O, its index, a refused directory): counted in
-    ``kiln.stats().store_errors``; one :class:`kiln.StoreWarning` per store per process (or
-    one call of ``report`` with the message, where a warning could stop the program: inside
-    JAX's cache, under ``filterwarnings = error``), then quiet (the program goes on compiling
-    in memory).
+def _open(ident: tuple[Any, ...], scheme: str) -> Store:
+    kind = ident[0]
+    if kind == "local":
+        return LocalStore(str(ident[1]), max_size=ident[2], shared=ident[3])
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "null":
+        return NullStore()
+    url, timeout = ident[1], ident[2]
+    if scheme in _REDIS_SCHEMES:
+        from ._redis import RedisStore
 
-    Raises:
-        StoreError: ``strict`` (``KILN_STRICT=1``).
-    """
-    _stats.bump(store_errors=1)
-    message = f"kiln: cannot {doing} store {store.url!r} ({e})"
-    if strict:
-        raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
-                         "once and go on without the store)") from None
-    with _faulted_lock:
-        if store.url in _faulted_stores:
-            logger.debug("%s", message)
+        return RedisStore(url, timeout=timeout)
+    try:
+        import fsspec
+    except ImportError:
+        raise StoreError(f"store {url!r} needs fsspec: pip install 'jax-kiln[s3]' (or fsspec "
+                         "and the filesystem for that scheme)") from None
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except ValueError:
+        raise ConfigError(
+            f"store {url!r}: unknown store scheme {scheme!r}; use 'local', 'memory', 'null', a "
+            "directory path, redis://host:port/db, or a URL fsspec knows (s3://, gs://, ...)"
+        ) from None
+    except ImportError as e:
+        raise StoreError(f"store {url!r} needs a library that is not installed ({e}); for "
+                         "s3:// run pip install 'jax-kiln[s3]'") from None
+    from ._fsspec import FsspecStore
+
+    return FsspecStore(url, timeout=timeout)
+
+
+def _warn_unsigned(url: str) -> None:
+    """Once per remote store per process: without a signing key, a shared store is code."""
+    with _lock:
+        if url in _warned_unsigned:
             return
-        _faulted_stores.add(store.url)
-    text = (f"{message}; compiling in memory (further problems with this store are counted "
-            "in kiln.stats().store_errors, not repeated)")
-    if report is not None:
-        report(text)
-        return
-    warnings.warn(text, StoreWarning, stacklevel=user_stacklevel())
-
-
-def user_stacklevel() -> int:
-    """stacklevel for warnings.warn that points at the first frame outside kiln and jax."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None:
-        f = frame.f_code.co_filename
-        if not (f.startswith(_KILN_DIR) or f"{os.sep}jax{os.sep}" in f or f"{os.sep}jaxlib" in f):
-            return level
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return 1
+        _warned_unsigned.add(url)
+    warnings.warn(
+        f"kiln: store {url!r} is shared and KILN_SIGNING_KEY is not set: anyone who can write "
+        "to it can run code in every process that reads it. Set KILN_SIGNING_KEY to the same "
+        "secret on every worker (entries are then HMAC-signed and unsigned ones never loaded)",
+        StoreWarning, stacklevel=user_stacklevel())

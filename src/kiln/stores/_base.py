@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 from .._entry import peek_header
 from .._errors import EntryError
 
-__all__ = ["EntryStat", "Store", "read_header"]
+__all__ = ["EntryStat", "Lease", "Leasable", "Store", "read_header"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,35 @@ class Store(Protocol):
 
     def header(self, key: str) -> dict[str, Any] | None:
         """The entry's JSON header without reading its payload (for listings), or ``None``."""
+        ...
+
+
+@runtime_checkable
+class Lease(Protocol):
+    """A time-limited claim on one key, so that one process compiles it while others wait
+    (single-flight; see :meth:`Leasable.lease`). Methods never block for long and raise
+    ``OSError`` when the store fails (callers then compile without the lease)."""
+
+    def acquire(self) -> bool:
+        """Take the lease if nobody holds it, or if its holder's lease ran out (the holder died:
+        ``kill -9``, a lost host). ``True``: this process holds it now. Never waits."""
+        ...
+
+    def renew(self) -> bool:
+        """Extend a held lease by its full duration; ``False`` if it was lost (taken over)."""
+        ...
+
+    def release(self) -> None:
+        """Give the lease up (only if this process still holds it)."""
+        ...
+
+
+@runtime_checkable
+class Leasable(Protocol):
+    """A store that can lease keys (the single-flight capability)."""
+
+    def lease(self, key: str, seconds: float) -> Lease:
+        """A lease on ``key`` lasting ``seconds`` unless renewed (not yet acquired)."""
         ...
 
 

@@ -3,6 +3,8 @@
 Layout under ``root``::
 
     entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._entry for its bytes)
+    leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
+                                    that key (``filelock``; the OS frees it when the holder dies)
     index.sqlite                    key, size, created, last_used: for LRU eviction without
                                     scanning the directory on every write
 
@@ -42,6 +44,8 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import filelock
 
 from .._entry import peek_header
 from .._errors import EntryError, StoreError
@@ -357,6 +361,14 @@ class LocalStore:
             db.commit()
             self._evict_locked(self.max_size, keep=key)
 
+    replace = put  # put already replaces what the file held
+
+    def lease(self, key: str, seconds: float) -> FileLease:
+        """An OS file lock on ``key`` (single-flight between processes of this host).
+        ``seconds`` is not used: the lock lasts while its holder lives."""
+        self._path(key)  # checks the key
+        return FileLease(self.root / "leases" / key[:2] / f"{key}.lock", self)
+
     def delete(self, key: str) -> bool:
         path = self._path(key)
         existed = True
@@ -487,3 +499,32 @@ class LocalStore:
         if not dry_run:
             db.commit()
         return evicted
+
+
+class FileLease:
+    """A lease held as an OS file lock (``filelock.FileLock``): released by the OS when its
+    holder's process dies (``kill -9``), so a waiter takes over at once."""
+
+    def __init__(self, path: Path, store: LocalStore) -> None:
+        self._path = path
+        self._store = store
+        self._lock: filelock.FileLock | None = None
+
+    def acquire(self) -> bool:
+        self._store._ensure_dirs()
+        self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = filelock.FileLock(self._path, timeout=0, thread_local=False)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            return False
+        self._lock = lock
+        return True
+
+    def renew(self) -> bool:
+        return self._lock is not None and self._lock.is_locked
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()

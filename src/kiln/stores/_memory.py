@@ -38,6 +38,8 @@ class MemoryStore:
             now = time.time()
             self._data[key] = (bytes(data), now, now)
 
+    replace = put
+
     def delete(self, key: str) -> bool:
         with self._lock:
             return self._data.pop(key, None) is not None

@@ -1,0 +1,245 @@
+"""A remote store (Redis, an object store) behind the local one, with bounded waits.
+
+Reads go to the local store first, then the remote; a remote hit is copied into the local store,
+so the next process on this host reads it from disk. Writes go to both (``remote_mode``
+``"read-only"``: the local one only). ``remote_mode="remote-only"``: no local store.
+
+Faults (sccache's and ccache's lesson: a cache that is down must cost one timeout, not one per
+call): every remote operation runs on a daemon thread and is waited for at most
+``remote_timeout`` seconds (the backends' own socket timeouts end the thread soon after). The
+first failure (down, hung, full, read-only, rate-limited: any exception) gives one
+:class:`kiln.StoreWarning`, is counted in ``kiln.stats().remote_timeouts`` or
+``remote_errors``, and the remote store is skipped for the rest of the process: the local store
+and the compiler go on, and results stay right. With ``KILN_STRICT=1`` the failure raises
+:class:`kiln.StoreError` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from .. import _stats
+from .._errors import StoreError
+from ._base import EntryStat, Leasable, Lease, Store
+from ._faults import store_fault
+
+__all__ = ["LayeredStore"]
+
+T = TypeVar("T")
+_SKIPPED: Any = object()  # the remote store was skipped (dead, or the operation failed)
+
+
+def _call_bounded(fn: Callable[..., T], args: tuple[Any, ...], timeout: float) -> T:
+    """``fn(*args)`` on a daemon thread, waited for ``timeout`` seconds (a daemon thread, not a
+    pool: a hung call must never hold up the interpreter's exit).
+
+    Raises:
+        TimeoutError: no answer in time (the thread is abandoned).
+        BaseException: whatever ``fn`` raised.
+    """
+    out: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            out.append((True, fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="kiln-remote", daemon=True).start()
+    if not done.wait(timeout):
+        raise TimeoutError(f"no answer in {timeout:g} s")
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+class LayeredStore:
+    """``remote`` behind ``local`` (``None``: remote only); see the module docstring.
+
+    Attributes:
+        local: the local store, or ``None``.
+        remote: the shared store.
+        url: the remote store's URL (what warnings and ``kiln ls`` name).
+    """
+
+    def __init__(
+        self, local: Store | None, remote: Store, *, read_only: bool = False,
+        timeout: float = 10.0, strict: bool = False,
+    ) -> None:
+        self.local = local
+        self.remote = remote
+        self.url = remote.url
+        self.read_only = read_only
+        self.timeout = timeout
+        self.strict = strict
+        self.dead: BaseException | None = None  # the fault that took the remote store out
+
+    # -- the remote side, bounded -------------------------------------------------------------
+    def _remote(self, doing: str, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` against the remote store, or ``_SKIPPED`` once it has failed."""
+        if self.dead is not None:
+            return _SKIPPED  # type: ignore[no-any-return]
+        try:
+            # the backend's own timeouts fire first; this bound catches what they miss
+            return _call_bounded(fn, args, self.timeout + 1.0)
+        except Exception as e:  # noqa: BLE001 - any failure of a cache must not stop the program
+            self._fault(doing, e)
+            return _SKIPPED  # type: ignore[no-any-return]
+
+    def _fault(self, doing: str, e: BaseException) -> None:
+        self.dead = e
+        _stats.bump(**{"remote_timeouts" if isinstance(e, TimeoutError) else "remote_errors": 1})
+        store_fault(self.remote, doing, e, strict=self.strict,
+                    then="skipping it for the rest of this process (the local store and the "
+                         "compiler go on)")
+
+    def _copy_to_local(self, key: str, data: bytes) -> None:
+        if self.local is None:
+            return
+        try:
+            self.local.put(key, data)
+        except (OSError, StoreError) as e:
+            store_fault(self.local, "write to", e, strict=self.strict)
+
+    # -- protocol -----------------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        if self.local is not None:
+            blob = self.local.get(key)
+            if blob is not None:
+                return blob
+        blob = self._remote("read", self.remote.get, key)
+        if blob is _SKIPPED:
+            return None
+        if blob is None:
+            _stats.bump(remote_misses=1)
+            return None
+        _stats.bump(remote_hits=1)
+        self._copy_to_local(key, blob)
+        return blob
+
+    def peek(self, key: str) -> bytes | None:
+        if self.local is not None:
+            blob = getattr(self.local, "peek", self.local.get)(key)
+            if blob is not None:
+                return blob
+        blob = self._remote("read", getattr(self.remote, "peek", self.remote.get), key)
+        return None if blob is _SKIPPED else blob
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write to the local store (replacing what it holds) and, create-only, to the remote."""
+        self._write(key, data, replace=False)
+
+    def replace(self, key: str, data: bytes) -> None:
+        """Write to both, replacing what they hold (after the entry there failed verification
+        or went stale)."""
+        self._write(key, data, replace=True)
+
+    def _write(self, key: str, data: bytes, *, replace: bool) -> None:
+        local_error: BaseException | None = None
+        if self.local is not None:
+            try:
+                self.local.put(key, data)
+            except (OSError, StoreError) as e:
+                local_error = e
+        if not self.read_only:
+            write = getattr(self.remote, "replace", None) if replace else None
+            self._remote("write to", write or self.remote.put, key, data)
+        if local_error is not None:
+            raise local_error
+
+    def delete(self, key: str) -> bool:
+        existed = bool(self.local.delete(key)) if self.local is not None else False
+        if not self.read_only:
+            gone = self._remote("delete from", self.remote.delete, key)
+            existed = existed or gone is True
+        return existed
+
+    def iter(self) -> Iterator[str]:
+        seen: set[str] = set()
+        if self.local is not None:
+            seen.update(self.local.iter())
+        keys = self._remote("list", lambda: list(self.remote.iter()))
+        if keys is not _SKIPPED:
+            seen.update(keys)
+        return iter(sorted(seen))
+
+    def stat(self, key: str) -> EntryStat | None:
+        if self.local is not None:
+            st = self.local.stat(key)
+            if st is not None:
+                return st
+        st = self._remote("read", self.remote.stat, key)
+        return None if st is _SKIPPED else st
+
+    def header(self, key: str) -> dict[str, Any] | None:
+        if self.local is not None:
+            h = self.local.header(key)
+            if h is not None:
+                return h
+        h = self._remote("read", self.remote.header, key)
+        return None if h is _SKIPPED else h
+
+    def flush(self) -> None:
+        flush = getattr(self.local, "flush", None)
+        if flush is not None:
+            flush()
+
+    def lease(self, key: str, seconds: float) -> Lease:
+        """A lease on ``key`` in the remote store (one compile across hosts), falling back to
+        the local store's (one compile on this host) once the remote one fails."""
+        local = self.local.lease(key, seconds) if isinstance(self.local, Leasable) else None
+        remote = self.remote.lease(key, seconds) if isinstance(self.remote, Leasable) else None
+        return _LayeredLease(self, remote, local)
+
+
+class _LayeredLease:
+    """The remote lease while the remote store answers, else the local one."""
+
+    def __init__(self, store: LayeredStore, remote: Lease | None, local: Lease | None) -> None:
+        self._store, self._remote, self._local = store, remote, local
+        self._held: Lease | None = None
+
+    def _current(self) -> Lease | None:
+        if self._remote is not None and self._store.dead is None:
+            return self._remote
+        return self._local
+
+    def acquire(self) -> bool:
+        lease = self._current()
+        if lease is None:
+            return True  # nothing to coordinate with: compile
+        if lease is self._remote:
+            got = self._store._remote("lease a key in", lease.acquire)
+            if got is _SKIPPED:
+                return self.acquire()  # the remote store just failed: the local lease
+        else:
+            got = lease.acquire()
+        if got:
+            self._held = lease
+        return bool(got)
+
+    def renew(self) -> bool:
+        lease = self._held
+        if lease is None:
+            return False
+        if lease is self._remote:
+            got = self._store._remote("renew a lease in", lease.renew)
+            return got is _SKIPPED or bool(got)  # a dead remote: nobody else sees it either
+        return lease.renew()
+
+    def release(self) -> None:
+        lease, self._held = self._held, None
+        if lease is None:
+            return
+        if lease is self._remote:
+            self._store._remote("release a lease in", lease.release)
+        else:
+            with contextlib.suppress(OSError):
+                lease.release()

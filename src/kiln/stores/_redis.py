@@ -1,0 +1,353 @@
+"""A store in Redis (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path?db=N``).
+
+Layout (``N`` is :data:`kiln._entry.FORMAT_VERSION`, so kilns that read different formats
+never meet)::
+
+    kiln:vN:entry:<key>    string: the entry blob (see kiln._entry for its bytes)
+    kiln:vN:lease:<key>    string: the token of the process compiling <key> (with an expiry)
+
+Writes are single ``SET`` commands, atomic to readers. :meth:`RedisStore.put` is create-only
+(``SET NX``): entries are content-addressed, so an existing entry is the same entry and a lost
+race costs nothing. :meth:`RedisStore.replace` overwrites; kiln calls it only after the entry
+there failed verification.
+
+Size: the recommended setup gives Redis a memory limit and lets it evict by itself
+(``maxmemory 4gb`` and ``maxmemory-policy allkeys-lru`` in ``redis.conf``); Redis's own LRU
+clock is then the record of last use (``GET`` touches it). :meth:`RedisStore.prune` does the
+same eviction from the client, for a server without such a policy.
+
+What is trusted: whoever can write to the Redis database can run code in every process that
+loads entries from it (an entry holds native code): use a private instance, or set
+``KILN_SIGNING_KEY`` (then only entries signed with it are decoded).
+
+Faults: every failure of redis-py (down, refused, hung, ``OOM`` past ``maxmemory`` without an
+eviction policy, ``READONLY`` replica, authentication) reaches the caller as ``OSError``;
+timeouts as the builtin :class:`TimeoutError` (a subclass of ``OSError``). Retries are off: a
+hung server costs one ``timeout``, not one per retry. Messages and :attr:`RedisStore.url` never
+contain the password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+from .._entry import FORMAT_VERSION, peek_header
+from .._errors import EntryError, StoreError
+from ._base import EntryStat
+
+__all__ = ["RedisStore"]
+
+_HEADER_READ = 1 << 16  # bytes read for a header (GETRANGE) before falling back to the blob
+_BATCH = 500  # keys per pipelined round trip in listings
+
+
+def _looks_like_key(name: str) -> bool:
+    return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (in the authority or a ``password=`` query parameter).
+
+    >>> redact_url("redis://me:secret@cache:6379/1")
+    'redis://me@cache:6379/1'
+    >>> redact_url("unix:///run/redis.sock?db=2&password=secret")
+    'unix:///run/redis.sock?db=2'
+    """
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}@{host}" if user else host
+    query = parts.query
+    if query:
+        kept = [(k, v) for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True)
+                if k.lower() != "password"]
+        query = urllib.parse.urlencode(kept)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class RedisStore:
+    """Entries in a Redis database; see the module docstring for the layout and faults.
+
+    Recommended server setup: ``maxmemory <bytes>`` and ``maxmemory-policy allkeys-lru``, so
+    that Redis evicts least recently used entries by itself. :meth:`prune` is for servers
+    without it. Under an LFU policy (``allkeys-lfu``) Redis keeps no idle time (``OBJECT
+    IDLETIME`` fails): :meth:`prune` then treats all entries as equally old, and
+    :meth:`stat` reports ``last_used`` as ``created``.
+
+    Args:
+        url: ``redis://[user[:password]@]host[:port][/db]``, ``rediss://...`` (TLS) or
+            ``unix:///path/to/socket?db=N``.
+        timeout: seconds one command may wait for the server's answer.
+        connect_timeout: seconds a connection may take to open.
+
+    Raises:
+        StoreError: redis-py is not installed, or ``url`` is not a Redis URL.
+
+    Example:
+        >>> from kiln.stores._redis import RedisStore
+        >>> store = RedisStore("redis://localhost:6379/0", timeout=2.0)  # doctest: +SKIP
+        >>> store.put(key, blob); store.get(key) == blob  # doctest: +SKIP
+        True
+    """
+
+    def __init__(self, url: str, *, timeout: float = 10.0, connect_timeout: float = 1.0) -> None:
+        try:
+            import redis
+            import redis.backoff
+            import redis.exceptions
+            import redis.retry
+        except ImportError:
+            raise StoreError(
+                f"kiln store {redact_url(url)!r} needs the redis package: "
+                "pip install 'jax-kiln[redis]'"
+            ) from None
+        self.url = redact_url(url)
+        self.timeout = timeout
+        self._password = urllib.parse.urlsplit(url).password or ""
+        self._exc: Any = redis.exceptions
+        self._prefix = f"kiln:v{FORMAT_VERSION}:"
+        try:
+            # retries off (Retry(..., 0)): a hung server costs one timeout, not several
+            self._redis: Any = redis.Redis.from_url(
+                url, socket_timeout=timeout, socket_connect_timeout=connect_timeout,
+                retry_on_timeout=False, retry=redis.retry.Retry(redis.backoff.NoBackoff(), 0),
+            )
+        except ValueError as e:
+            raise StoreError(f"kiln store {self.url!r} is not a Redis URL ({self._clean(e)}); "
+                             "use redis://host:port/db, rediss://... or unix:///path") from None
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.url!r})"
+
+    def close(self) -> None:
+        """Close the connections (the store reconnects if it is used again)."""
+        self._redis.close()
+
+    # -- helpers -------------------------------------------------------------------------
+    def _clean(self, e: BaseException) -> str:
+        text = str(e)
+        return text.replace(self._password, "***") if self._password else text
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """redis-py's exceptions as ``OSError`` (timeouts as :class:`TimeoutError`), named
+        with what failed and the store's URL (never its password)."""
+        exc = self._exc
+        try:
+            yield
+        except exc.TimeoutError as e:
+            raise TimeoutError(errno.ETIMEDOUT, f"{doing} redis store {self.url}: no answer in "
+                               f"{self.timeout:g} s ({self._clean(e)})") from None
+        except exc.ConnectionError as e:
+            raise ConnectionError(errno.ECONNREFUSED, f"{doing} redis store {self.url}: "
+                                  f"{self._clean(e)}") from None
+        except exc.RedisError as e:
+            code = (errno.ENOSPC if isinstance(e, exc.OutOfMemoryError) else
+                    errno.EROFS if isinstance(e, exc.ReadOnlyError) else errno.EIO)
+            raise OSError(code, f"{doing} redis store {self.url}: {type(e).__name__}: "
+                          f"{self._clean(e)}") from None
+
+    def _entry(self, key: str) -> str:
+        if not _looks_like_key(key):
+            raise ValueError(f"store key must be lowercase hex, got {key!r}")
+        return f"{self._prefix}entry:{key}"
+
+    def _scan(self) -> Iterator[tuple[str, bytes]]:
+        """(key, Redis key) of every entry, in SCAN order (each one at least once)."""
+        start = len(self._prefix) + len("entry:")
+        for name in self._redis.scan_iter(match=f"{self._prefix}entry:*", count=_BATCH):
+            key = name[start:].decode("ascii", "replace")
+            if _looks_like_key(key):
+                yield key, name
+
+    def _sizes_and_idle(self) -> list[tuple[str, int, float]]:
+        """(key, size in bytes, idle seconds) of every entry; idle 0.0 for all when the
+        server keeps no idle time (an LFU policy)."""
+        rows: list[tuple[str, int, float]] = []
+        for batch in _batched(self._scan()):
+            pipe = self._redis.pipeline(transaction=False)
+            for _, name in batch:
+                pipe.strlen(name)
+                pipe.object("idletime", name)
+            out = pipe.execute(raise_on_error=False)
+            for (key, _), size, idle in zip(batch, out[0::2], out[1::2], strict=True):
+                if isinstance(size, int) and size > 0:  # 0: evicted or deleted meanwhile
+                    rows.append((key, size, float(idle) if isinstance(idle, int) else 0.0))
+        return rows
+
+    # -- protocol ------------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        """The blob under ``key``, or ``None``. ``GET`` also marks it used (Redis's LRU)."""
+        name = self._entry(key)
+        with self._errors("read from"):
+            data = self._redis.get(name)
+        return None if data is None else bytes(data)
+
+    def peek(self, key: str) -> bytes | None:
+        """Like :meth:`get`. Redis before 7.2 has no read that leaves the LRU clock alone
+        (``CLIENT NO-TOUCH``), so on Redis a peek also counts as a use."""
+        return self.get(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` unless an entry is there already (``SET NX``: entries
+        are content-addressed, so the one there is the same entry)."""
+        name = self._entry(key)
+        with self._errors("write to"):
+            self._redis.set(name, bytes(data), nx=True)
+
+    def replace(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``, replacing what is there. kiln calls this only after
+        the entry there failed verification (corrupt, or signed with another key)."""
+        name = self._entry(key)
+        with self._errors("write to"):
+            self._redis.set(name, bytes(data))
+
+    def delete(self, key: str) -> bool:
+        name = self._entry(key)
+        with self._errors("delete from"):
+            return bool(self._redis.delete(name))
+
+    def iter(self) -> Iterator[str]:
+        """Keys of all entries (``SCAN``; an entry written or evicted meanwhile may or may not
+        appear, none appears twice)."""
+        with self._errors("list"):
+            keys = sorted({key for key, _ in self._scan()})
+        return iter(keys)
+
+    def stat(self, key: str) -> EntryStat | None:
+        """Size, ``created`` (from the entry's header; now when unreadable) and ``last_used``
+        (now minus ``OBJECT IDLETIME``, which has a resolution of seconds)."""
+        name = self._entry(key)
+        with self._errors("read from"):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.strlen(name)
+            pipe.object("idletime", name)
+            pipe.getrange(name, 0, _HEADER_READ - 1)
+            size, idle, head = pipe.execute(raise_on_error=False)
+            if isinstance(size, BaseException):  # a reply error (the pipeline returns those)
+                raise size
+        if not size:
+            return None
+        now = time.time()
+        created = now
+        with contextlib.suppress(EntryError, TypeError, ValueError, KeyError):
+            created = float(peek_header(bytes(head))["created"])
+        # no idle time under an LFU policy (OBJECT IDLETIME replies with an error)
+        last_used = now - idle if isinstance(idle, int) else created
+        return EntryStat(key, int(size), created, last_used)
+
+    def header(self, key: str) -> dict[str, Any] | None:
+        """The entry's JSON header from its first 64 KiB (``GETRANGE``; the whole blob when the
+        header is longer), or ``None`` when there is no entry or it is not one."""
+        name = self._entry(key)
+        with self._errors("read from"):
+            head = bytes(self._redis.getrange(name, 0, _HEADER_READ - 1))
+        if not head:
+            return None
+        try:
+            return peek_header(head)
+        except EntryError:
+            if len(head) < _HEADER_READ:
+                return None
+        blob = self.get(key)
+        try:
+            return peek_header(blob) if blob is not None else None
+        except EntryError:
+            return None
+
+    # -- size management -----------------------------------------------------------------
+    def total_size(self) -> int:
+        """Bytes of all entries (their ``STRLEN``, not Redis's memory overhead)."""
+        total = 0
+        with self._errors("list"):
+            for batch in _batched(self._scan()):
+                pipe = self._redis.pipeline(transaction=False)
+                for _, name in batch:
+                    pipe.strlen(name)
+                total += sum(int(n) for n in pipe.execute())
+        return total
+
+    def prune(self, max_size: int, *, dry_run: bool = False) -> list[str]:
+        """Evict least recently used entries (largest ``OBJECT IDLETIME`` first) until the
+        entries take at most ``max_size`` bytes. Returns the evicted keys (or those that would
+        be, with ``dry_run``). Prefer ``maxmemory-policy allkeys-lru`` on the server."""
+        with self._errors("prune"):
+            rows = self._sizes_and_idle()
+            total = sum(size for _, size, _ in rows)
+            evicted: list[str] = []
+            for key, size, _ in sorted(rows, key=lambda r: -r[2]):  # stable: ties keep order
+                if total <= max_size:
+                    break
+                evicted.append(key)
+                total -= size
+            if not dry_run:
+                for chunk in range(0, len(evicted), _BATCH):
+                    self._redis.delete(*(self._entry(k) for k in evicted[chunk:chunk + _BATCH]))
+        return evicted
+
+    # -- single flight -------------------------------------------------------------------
+    def lease(self, key: str, seconds: float) -> _RedisLease:
+        """A lease on ``key`` lasting ``seconds`` unless renewed (not yet acquired): redis-py's
+        :class:`redis.lock.Lock` on ``kiln:vN:lease:<key>`` (``SET NX PX``; renew and release
+        check the token in a Lua script, so a lease taken over is never touched)."""
+        self._entry(key)
+        if not seconds > 0:
+            raise ValueError(f"a lease lasts a positive number of seconds, got {seconds!r}")
+        lock = self._redis.lock(f"{self._prefix}lease:{key}", timeout=max(seconds, 0.001),
+                                blocking=False, thread_local=False)
+        return _RedisLease(self, lock)
+
+
+def _batched(items: Iterator[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
+    batch: list[tuple[str, bytes]] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= _BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+class _RedisLease:
+    """A :class:`kiln.stores._base.Lease` on a redis-py lock (expiry in the server: a holder
+    that dies stops renewing and the key expires ``seconds`` later)."""
+
+    def __init__(self, store: RedisStore, lock: Any) -> None:
+        self._store = store
+        self._lock = lock
+        self._held = False
+
+    def acquire(self) -> bool:
+        with self._store._errors("lease a key in"):
+            if self._held and self._lock.owned():
+                return True
+            self._held = bool(self._lock.acquire(blocking=False))
+        return self._held
+
+    def renew(self) -> bool:
+        if not self._held:
+            return False
+        with self._store._errors("renew a lease in"):
+            try:
+                return bool(self._lock.reacquire())
+            except self._store._exc.LockError:  # expired, or taken over
+                self._held = False
+                return False
+
+    def release(self) -> None:
+        held, self._held = self._held, False
+        if not held:
+            return
+        with self._store._errors("release a lease in"):
+            try:
+                self._lock.release()
+            except self._store._exc.LockError:  # not ours any more: nothing to give up
+                pass
