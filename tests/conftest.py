@@ -213,6 +213,10 @@ class Program:
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Run:
         """Run ``prog.py`` in a fresh process; fail with its output unless it reported."""
+        return self.finish(self.start(*args, env=env), timeout=timeout)
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start ``prog.py`` in a fresh process (for several at once); see :meth:`finish`."""
         child_env = {
             k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)
         }
@@ -225,22 +229,31 @@ class Program:
         child_env.pop("PYTHONPATH", None)
         child_env.update(self.base_env)
         child_env.update(env or {})
-        proc = subprocess.run(
-            [sys.executable, "prog.py", *args],
-            cwd=self.dir,
-            env=child_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+        proc = subprocess.Popen(
+            [sys.executable, "prog.py", *args], cwd=self.dir, env=child_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("KILN-PROBE ")]
+        proc.kiln_args = (args, env)  # type: ignore[attr-defined]
+        return proc
+
+    def finish(self, proc: subprocess.Popen[str], timeout: float = 180) -> Run:
+        """Wait for a started process; fail with its output unless it reported."""
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"child process ran past {timeout} s\n--- stderr ---\n"
+                                 f"{stderr[-8000:]}") from None
+        args, env = proc.kiln_args  # type: ignore[attr-defined]
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("KILN-PROBE ")]
         if proc.returncode != 0 or not lines:
             raise AssertionError(
                 f"child process failed (exit {proc.returncode}) with args {args}, env {env}\n"
-                f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+                f"--- stdout ---\n{stdout[-4000:]}\n--- stderr ---\n{stderr[-8000:]}"
             )
         data = json.loads(lines[-1][len("KILN-PROBE "):])
-        run = Run(data["results"], data["stats"], data["extra"], proc.stdout, proc.stderr)
+        run = Run(data["results"], data["stats"], data["extra"], stdout, stderr)
         self.runs.append(run)
         return run
 

@@ -11,10 +11,13 @@ Writes are single ``SET`` commands, atomic to readers. :meth:`RedisStore.put` is
 race costs nothing. :meth:`RedisStore.replace` overwrites; kiln calls it only after the entry
 there failed verification.
 
-Size: the recommended setup gives Redis a memory limit and lets it evict by itself
-(``maxmemory 4gb`` and ``maxmemory-policy allkeys-lru`` in ``redis.conf``); Redis's own LRU
-clock is then the record of last use (``GET`` touches it). :meth:`RedisStore.prune` does the
-same eviction from the client, for a server without such a policy.
+Size and last use: the recommended setup gives Redis a memory limit and lets it evict by itself
+(``maxmemory 4gb`` and ``maxmemory-policy allkeys-lru`` in ``redis.conf``). Redis's own LRU clock
+is the record of last use: ``GET`` touches it; :meth:`RedisStore.peek`, ``stat`` and ``header``
+read under ``CLIENT NO-TOUCH`` so that listings do not (Redis 7.2 and later; older servers
+refuse that command and count those reads as uses too). :meth:`RedisStore.total_size` and
+:meth:`RedisStore.prune` never touch an entry (``MEMORY USAGE``, ``OBJECT IDLETIME``); prune
+does from the client what ``allkeys-lru`` does in the server, for a server without that policy.
 
 What is trusted: whoever can write to the Redis database can run code in every process that
 loads entries from it (an entry holds native code): use a private instance, or set
@@ -167,18 +170,30 @@ class RedisStore:
             if _looks_like_key(key):
                 yield key, name
 
-    def _sizes_and_idle(self) -> list[tuple[str, int, float]]:
-        """(key, size in bytes, idle seconds) of every entry; idle 0.0 for all when the
+    def _untouched(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Replies to read ``commands`` sent in one round trip between ``CLIENT NO-TOUCH ON``
+        and ``OFF``, so that they do not count as uses (Redis 7.2+; older servers reply to
+        those two with an error, ignored here). A reply error comes back as its exception."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.execute_command("CLIENT", "NO-TOUCH", "ON")
+        for args in commands:
+            pipe.execute_command(*args)
+        pipe.execute_command("CLIENT", "NO-TOUCH", "OFF")
+        return list(pipe.execute(raise_on_error=False)[1:-1])
+
+    def _memory_and_idle(self) -> list[tuple[str, int, float]]:
+        """(key, bytes in Redis, idle seconds) of every entry, without touching any (``MEMORY
+        USAGE`` and ``OBJECT IDLETIME`` leave the LRU clock alone); idle 0.0 for all when the
         server keeps no idle time (an LFU policy)."""
         rows: list[tuple[str, int, float]] = []
         for batch in _batched(self._scan()):
             pipe = self._redis.pipeline(transaction=False)
             for _, name in batch:
-                pipe.strlen(name)
-                pipe.object("idletime", name)
+                pipe.execute_command("OBJECT", "IDLETIME", name)
+                pipe.execute_command("MEMORY", "USAGE", name, "SAMPLES", "0")
             out = pipe.execute(raise_on_error=False)
-            for (key, _), size, idle in zip(batch, out[0::2], out[1::2], strict=True):
-                if isinstance(size, int) and size > 0:  # 0: evicted or deleted meanwhile
+            for (key, _), idle, size in zip(batch, out[0::2], out[1::2], strict=True):
+                if isinstance(size, int):  # None: evicted or deleted meanwhile
                     rows.append((key, size, float(idle) if isinstance(idle, int) else 0.0))
         return rows
 
@@ -191,9 +206,14 @@ class RedisStore:
         return None if data is None else bytes(data)
 
     def peek(self, key: str) -> bytes | None:
-        """Like :meth:`get`. Redis before 7.2 has no read that leaves the LRU clock alone
-        (``CLIENT NO-TOUCH``), so on Redis a peek also counts as a use."""
-        return self.get(key)
+        """Like :meth:`get`, without marking the entry used (on Redis 7.2 and later: see the
+        module docstring)."""
+        name = self._entry(key)
+        with self._errors("read from"):
+            (data,) = self._untouched(("GET", name))
+            if isinstance(data, BaseException):
+                raise data
+        return None if data is None else bytes(data)
 
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` unless an entry is there already (``SET NX``: entries
@@ -223,15 +243,12 @@ class RedisStore:
 
     def stat(self, key: str) -> EntryStat | None:
         """Size, ``created`` (from the entry's header; now when unreadable) and ``last_used``
-        (now minus ``OBJECT IDLETIME``, which has a resolution of seconds)."""
+        (now minus ``OBJECT IDLETIME``, whole seconds; ``created`` under an LFU policy)."""
         name = self._entry(key)
         with self._errors("read from"):
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.strlen(name)
-            pipe.object("idletime", name)
-            pipe.getrange(name, 0, _HEADER_READ - 1)
-            size, idle, head = pipe.execute(raise_on_error=False)
-            if isinstance(size, BaseException):  # a reply error (the pipeline returns those)
+            idle, size, head = self._untouched(("OBJECT", "IDLETIME", name), ("STRLEN", name),
+                                               ("GETRANGE", name, 0, _HEADER_READ - 1))
+            if isinstance(size, BaseException):
                 raise size
         if not size:
             return None
@@ -248,15 +265,17 @@ class RedisStore:
         header is longer), or ``None`` when there is no entry or it is not one."""
         name = self._entry(key)
         with self._errors("read from"):
-            head = bytes(self._redis.getrange(name, 0, _HEADER_READ - 1))
+            (head,) = self._untouched(("GETRANGE", name, 0, _HEADER_READ - 1))
+            if isinstance(head, BaseException):
+                raise head
         if not head:
             return None
         try:
-            return peek_header(head)
+            return peek_header(bytes(head))
         except EntryError:
             if len(head) < _HEADER_READ:
                 return None
-        blob = self.get(key)
+        blob = self.peek(key)
         try:
             return peek_header(blob) if blob is not None else None
         except EntryError:
@@ -264,22 +283,18 @@ class RedisStore:
 
     # -- size management -----------------------------------------------------------------
     def total_size(self) -> int:
-        """Bytes of all entries (their ``STRLEN``, not Redis's memory overhead)."""
-        total = 0
+        """Bytes Redis holds for all entries (``MEMORY USAGE``: each blob plus tens of bytes of
+        Redis's own per key; the figure ``maxmemory`` counts). Touches no entry."""
         with self._errors("list"):
-            for batch in _batched(self._scan()):
-                pipe = self._redis.pipeline(transaction=False)
-                for _, name in batch:
-                    pipe.strlen(name)
-                total += sum(int(n) for n in pipe.execute())
-        return total
+            return sum(size for _, size, _ in self._memory_and_idle())
 
     def prune(self, max_size: int, *, dry_run: bool = False) -> list[str]:
-        """Evict least recently used entries (largest ``OBJECT IDLETIME`` first) until the
-        entries take at most ``max_size`` bytes. Returns the evicted keys (or those that would
-        be, with ``dry_run``). Prefer ``maxmemory-policy allkeys-lru`` on the server."""
+        """Evict least recently used entries (largest ``OBJECT IDLETIME`` first; in ``SCAN``
+        order under an LFU policy) until the entries take at most ``max_size`` bytes (as
+        :meth:`total_size` counts them). Returns the evicted keys (or those that would be, with
+        ``dry_run``). Prefer ``maxmemory-policy allkeys-lru`` on the server."""
         with self._errors("prune"):
-            rows = self._sizes_and_idle()
+            rows = self._memory_and_idle()
             total = sum(size for _, size, _ in rows)
             evicted: list[str] = []
             for key, size, _ in sorted(rows, key=lambda r: -r[2]):  # stable: ties keep order

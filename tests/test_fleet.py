@@ -1,0 +1,311 @@
+"""Fleets: one compile per key across processes (single-flight), takeover after a holder is
+killed, remote stores layered behind the local one, faults that never stop the program, and
+signed entries. Real processes; real ``redis-server`` / ``moto_server`` (tests/servers.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kiln
+from kiln.stores import LayeredStore, LocalStore, open_store
+
+
+def _load_servers():
+    name = "kiln_test_servers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+servers = _load_servers()
+redis_server, redis_url = servers.redis_server, servers.redis_url
+s3_server, s3_url = servers.s3_server, servers.s3_url
+
+# A program whose XLA compile takes about a second on this machine: long enough that processes
+# released together all miss before the first one stores its entry (without single-flight each
+# would compile).
+SLOW = """
+import os
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+
+import kiln
+
+
+@kiln.jit
+def f(x):
+    TRACE()
+    for i in range(120):
+        x = jnp.tanh(x @ x.T) @ x + jnp.sort(x, axis=i % 2) * jnp.cumsum(x, axis=(i + 1) % 2)
+    return x
+
+
+if len(sys.argv) > 2:  # a barrier: every process is ready before any calls f
+    barrier, n = Path(sys.argv[1]), int(sys.argv[2])
+    (barrier / str(os.getpid())).touch()
+    deadline = time.monotonic() + 120
+    while len(list(barrier.iterdir())) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+if len(sys.argv) > 3:  # tell the test when this process starts waiting for another's compile
+    import logging
+
+    class Waiting(logging.Handler):
+        def emit(self, record):
+            if "another process is compiling" in record.getMessage():
+                Path(sys.argv[3]).touch()
+
+    logging.getLogger("kiln").addHandler(Waiting())
+    logging.getLogger("kiln").setLevel(logging.DEBUG)
+call("f", f, jnp.full((8, 8), 0.01))
+report()
+"""
+
+# Holds the lease on one key the way a compiling process does, then waits to be killed.
+HOLDER = """
+import sys
+import time
+
+from kiln import get_config
+from kiln.stores import open_store
+
+store = open_store(get_config())
+lease = store.lease(sys.argv[1], get_config().lease_seconds)
+assert lease.acquire(), "the lease was not free"
+print("held", flush=True)
+while True:  # renewed like a compiling process's lease, until killed
+    time.sleep(0.5)
+    lease.renew()
+"""
+
+
+def _env(kind: str, url: str | None, host: int) -> dict[str, str]:
+    """A child's settings: ``kind`` "local" shares the Program's directory store; "redis" /
+    "s3" give each child (a "host") its own local store with the remote one behind it."""
+    if kind == "local":
+        return {}
+    return {"KILN_STORE": url or "", "KILN_SIGNING_KEY": "fleet-secret",
+            "KILN_CACHE_DIR": f"host-{host}"}
+
+
+@pytest.fixture(params=["local", "redis"])
+def fleet(request):
+    """(kind, remote URL or None)."""
+    if request.param == "local":
+        return "local", None
+    return "redis", request.getfixturevalue("redis_url")
+
+
+@pytest.mark.slow
+def test_single_flight_one_compile_across_processes(xp, tmp_path, fleet):
+    kind, url = fleet
+    prog = xp.Program(tmp_path)
+    prog.write("prog.py", SLOW)
+    n = 4
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [prog.start(str(barrier), str(n), env=_env(kind, url, i)) for i in range(n)]
+    runs = [prog.finish(p, timeout=300) for p in procs]
+    recs = [r["f"] for r in runs]
+    assert sum(r["compiles"] for r in recs) == 1, recs
+    assert sum(r["xla_compiles"] for r in recs) == 1, recs
+    assert sum(r["hits"] for r in recs) == n - 1, recs
+    values = [np.asarray(xp.value(r)) for r in recs]
+    assert all(np.array_equal(v, values[0]) for v in values) and values[0].shape == (8, 8)
+    assert sum(r.stats["lease_waits"] for r in runs) >= 1  # someone waited, nobody compiled twice
+    if kind == "redis":
+        assert sum(r.stats["remote_hits"] for r in runs) == n - 1
+
+
+@pytest.mark.slow
+def test_waiter_takes_over_when_the_holder_is_killed(xp, tmp_path, fleet):
+    kind, url = fleet
+    prog = xp.Program(tmp_path)
+    prog.write("prog.py", SLOW)
+    first = prog.run(env=_env(kind, url, 0))  # the key, and the value to compare with
+    xp.assert_cold(first["f"])
+    key = _only_key(prog, kind, url)
+    _delete(prog, kind, url, key)
+    env = {**os.environ, **_env(kind, url, 1), "KILN_LEASE_SECONDS": "2",
+           "JAX_PLATFORMS": "cpu",
+           "KILN_CACHE_DIR": str(prog.dir / "host-1") if kind != "local" else str(prog.cache)}
+    (prog.dir / "holder.py").write_text(HOLDER)
+    holder = subprocess.Popen([sys.executable, "holder.py", key], cwd=prog.dir, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held", holder.stderr.read()
+        flag = tmp_path / "waiting"
+        (tmp_path / "nobarrier").mkdir()
+        waiter = prog.start(str(tmp_path / "nobarrier"), "0", str(flag),
+                            env={**_env(kind, url, 2), "KILN_LEASE_SECONDS": "2"})
+        deadline = time.monotonic() + 120
+        while not flag.exists() and waiter.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "the second process never waited for the lease holder"
+        holder.send_signal(signal.SIGKILL)  # the compiler dies without writing its entry
+        run = prog.finish(waiter, timeout=300)
+    finally:
+        holder.kill()
+        holder.communicate()
+    rec = run["f"]
+    assert rec["compiles"] == 1 and xp.value(rec) == xp.value(first["f"])
+    assert run.stats["lease_waits"] == 1 and run.stats["lease_takeovers"] == 1
+
+
+def _only_key(prog, kind: str, url: str | None) -> str:
+    if kind == "local":
+        (key,) = LocalStore(prog.cache).iter()
+        return key
+    with kiln.config_context(store=url, signing_key="fleet-secret"):
+        keys = list(open_store(kiln.get_config(), layered=False).iter())
+    assert len(keys) == 1, keys
+    return keys[0]
+
+
+def _delete(prog, kind: str, url: str | None, key: str) -> None:
+    if kind == "local":
+        assert LocalStore(prog.cache).delete(key)
+        return
+    with kiln.config_context(store=url, signing_key="fleet-secret"):
+        assert open_store(kiln.get_config(), layered=False).delete(key)
+
+
+# -- layering, in process --------------------------------------------------------------------
+def _f(x):
+    return jnp.sin(x) * 2.0 + 1.0
+
+
+def _run(x):
+    """``_run(x)`` looked up in the store (not served from this process's memory)."""
+    f = kiln.jit(_f)
+    f.clear_cache()
+    return f(x)
+
+
+def test_remote_hit_is_copied_to_the_local_store(redis_url, tmp_path):
+    x = jnp.arange(4.0)
+    with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "a"):
+        want = _run(x)
+        assert kiln.stats().compiles == 1 and kiln.stats().remote_misses >= 1
+    kiln.reset_stats()
+    # another "host": an empty local store, the same remote one
+    with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "b"):
+        np.testing.assert_array_equal(_run(x), want)
+        s = kiln.stats()
+        assert s.compiles == 0 and s.hits == 1 and s.remote_hits == 1
+    assert len(list(LocalStore(tmp_path / "b").iter())) == 1  # copied on the way
+    kiln.reset_stats()
+    with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "b"):
+        np.testing.assert_array_equal(_run(x), want)
+        s = kiln.stats()
+        assert s.hits == 1 and s.remote_hits == 0 and s.remote_misses == 0  # read locally
+
+
+def test_read_only_and_remote_only_modes(redis_url, tmp_path):
+    x = jnp.arange(3.0)
+    with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "a",
+                             remote_mode="read-only"):
+        store = open_store(kiln.get_config())
+        assert isinstance(store, LayeredStore) and store.read_only
+        _run(x)
+        assert list(store.remote.iter()) == []  # never published
+        assert len(list(store.local.iter())) == 1
+    with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "b",
+                             remote_mode="remote-only"):
+        store = open_store(kiln.get_config())
+        assert store.local is None
+        _run(x)
+        assert len(list(store.remote.iter())) == 1
+    assert not (tmp_path / "b").exists()
+
+
+def test_s3_store_layered(s3_url, tmp_path):
+    x = jnp.arange(5.0)
+    with kiln.config_context(store=s3_url, signing_key="k", cache_dir=tmp_path / "a"):
+        want = _run(x)
+    kiln.reset_stats()
+    with kiln.config_context(store=s3_url, signing_key="k", cache_dir=tmp_path / "b"):
+        np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().remote_hits == 1 and kiln.stats().compiles == 0
+
+
+# -- faults ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["hung", "down"])
+def test_a_remote_store_that_fails_warns_once_and_is_skipped(how, tmp_path):
+    with servers.hung_server() as hung:
+        port = hung.port if how == "hung" else servers.free_port()
+        url = f"redis://127.0.0.1:{port}/0"
+        x = jnp.arange(3.0)
+        with kiln.config_context(store=url, signing_key="k", cache_dir=tmp_path,
+                                 remote_timeout=0.5):
+            with pytest.warns(kiln.StoreWarning, match="skipping it for the rest") as rec:
+                np.testing.assert_array_equal(_run(x), _f(x))
+            assert len(rec) == 1
+            s = kiln.stats()
+            assert (s.remote_timeouts, s.remote_errors) == ((1, 0) if how == "hung" else (0, 1))
+            # skipped from now on: more misses, no more attempts, no more warnings
+            accepted = hung.accepted
+            for i in range(3):
+                np.testing.assert_array_equal(kiln.jit(lambda x, i=i: x + i)(x), x + i)
+            s = kiln.stats()
+            assert s.remote_timeouts + s.remote_errors == 1 and hung.accepted == accepted
+            assert s.compiles == 4 and len(list(LocalStore(tmp_path).iter())) == 4
+
+
+# -- signing -----------------------------------------------------------------------------------
+def test_a_remote_store_without_a_signing_key_warns_once(redis_url, tmp_path):
+    with kiln.config_context(store=redis_url, cache_dir=tmp_path):
+        with pytest.warns(kiln.StoreWarning, match="anyone who can write to it can run code"):
+            _run(jnp.arange(2.0))
+
+
+def test_signed_remote_entries_tampered_or_foreign_are_never_loaded(redis_url, tmp_path):
+    x = jnp.arange(3.0)
+    with kiln.config_context(store=redis_url, signing_key="old", remote_mode="remote-only"):
+        want = _run(x)
+        remote = open_store(kiln.get_config(), layered=False)
+        (key,) = remote.iter()
+        good = remote.get(key)
+    # key rotation: the old key still reads, with the new one writing
+    kiln.reset_stats()
+    with kiln.config_context(store=redis_url, signing_key="new", signing_keys_old="old",
+                             remote_mode="remote-only"):
+        np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().hits == 1 and kiln.stats().compiles == 0
+    # another key only: never decoded; recompiled and replaced (signed with the new key)
+    kiln.reset_stats()
+    with kiln.config_context(store=redis_url, signing_key="new", remote_mode="remote-only"):
+        with pytest.warns(kiln.StoreWarning, match="unusable"):
+            np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().bad_entries == 1 and kiln.stats().compiles == 1
+        assert remote.get(key) != good
+        kiln.reset_stats()
+        np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().hits == 1
+    # a changed byte: refused, replaced
+    blob = remote.get(key)
+    tampered = blob[:-40] + bytes([blob[-40] ^ 1]) + blob[-39:]
+    remote.replace(key, tampered)
+    kiln.reset_stats()
+    with kiln.config_context(store=redis_url, signing_key="new", remote_mode="remote-only"):
+        with pytest.warns(kiln.StoreWarning, match="digest mismatch"):
+            np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().compiles == 1 and remote.get(key) != tampered
+        kiln.reset_stats()
+        np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().hits == 1 and kiln.stats().bad_entries == 0
