@@ -309,3 +309,69 @@ def test_signed_remote_entries_tampered_or_foreign_are_never_loaded(redis_url, t
         kiln.reset_stats()
         np.testing.assert_array_equal(_run(x), want)
         assert kiln.stats().hits == 1 and kiln.stats().bad_entries == 0
+
+
+@pytest.mark.parametrize("how", ["full", "read-only"])
+def test_a_full_or_read_only_redis_warns_once_and_results_stay_right(how, tmp_path):
+    import redis
+
+    url, proc = servers.start_redis(tmp_path / "redis")
+    try:
+        client = redis.Redis.from_url(url)
+        if how == "full":
+            client.config_set("maxmemory", "1mb")
+            client.config_set("maxmemory-policy", "noeviction")
+        else:  # a replica of a primary that is gone: it answers reads, refuses writes
+            client.replicaof("127.0.0.1", servers.free_port())
+        client.close()
+        x = jnp.linspace(0.0, 1.0, 300_000)  # an entry larger than 1 MB of Redis memory
+        with kiln.config_context(store=url + "/0", signing_key="k", cache_dir=tmp_path / "c"):
+            with pytest.warns(kiln.StoreWarning, match="reading it only from now on") as rec:
+                np.testing.assert_array_equal(_run(x), _f(x))
+            assert len(rec) == 1 and kiln.stats().remote_errors == 1
+            assert open_store(kiln.get_config()).dead is None  # still read
+            kiln.reset_stats()
+            np.testing.assert_array_equal(_run(x), _f(x))  # now from the local store
+            assert kiln.stats().hits == 1 and kiln.stats().remote_errors == 0
+    finally:
+        servers.stop(proc)
+
+
+def test_a_rate_limited_object_store_warns_once(tmp_path, monkeypatch):
+    """An S3 endpoint that answers every request with 503 SlowDown (a real HTTP server)."""
+    import http.server
+    import threading
+
+    class SlowDown(http.server.BaseHTTPRequestHandler):
+        def _refuse(self):
+            body = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                    b"<Message>Please reduce your request rate.</Message></Error>")
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _refuse
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowDown)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("FSSPEC_S3_ENDPOINT_URL", f"http://127.0.0.1:{server.server_port}")
+        monkeypatch.setenv("FSSPEC_S3_KEY", "k")
+        monkeypatch.setenv("FSSPEC_S3_SECRET", "s")
+        x = jnp.arange(3.0)
+        with kiln.config_context(store="s3://bucket/kiln", signing_key="k", cache_dir=tmp_path,
+                                 remote_timeout=5):
+            with pytest.warns(kiln.StoreWarning, match="skipping it for the rest") as rec:
+                np.testing.assert_array_equal(_run(x), _f(x))
+            assert len(rec) == 1 and kiln.stats().remote_errors == 1
+            assert kiln.stats().compiles == 1 and len(list(LocalStore(tmp_path).iter())) == 1
+    finally:
+        server.shutdown()
+        server.server_close()

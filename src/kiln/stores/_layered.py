@@ -7,16 +7,19 @@ so the next process on this host reads it from disk. Writes go to both (``remote
 Faults (sccache's and ccache's lesson: a cache that is down must cost one timeout, not one per
 call): every remote operation runs on a daemon thread and is waited for at most
 ``remote_timeout`` seconds (the backends' own socket timeouts end the thread soon after). The
-first failure (down, hung, full, read-only, rate-limited: any exception) gives one
-:class:`kiln.StoreWarning`, is counted in ``kiln.stats().remote_timeouts`` or
-``remote_errors``, and the remote store is skipped for the rest of the process: the local store
-and the compiler go on, and results stay right. With ``KILN_STRICT=1`` the failure raises
-:class:`kiln.StoreError` instead.
+first failure (down, hung, rate-limited: any exception) gives one :class:`kiln.StoreWarning`,
+is counted in ``kiln.stats().remote_timeouts`` or ``remote_errors``, and the remote store is
+skipped for the rest of the process: the local store and the compiler go on, and results stay
+right. A write refused because the store is full or read-only (``ENOSPC``, ``EROFS``,
+``EACCES``, ``EPERM``, ``EDQUOT``: a full Redis, a read-only replica, a bucket this worker may
+only read) only stops the writes and leases: the remote store is still read. With
+``KILN_STRICT=1`` the failure raises :class:`kiln.StoreError` instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -29,6 +32,8 @@ from ._faults import store_fault
 __all__ = ["LayeredStore"]
 
 T = TypeVar("T")
+# a write refused for good (full, read-only, not allowed): stop writing, keep reading
+_REFUSED_WRITES = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 _SKIPPED: Any = object()  # the remote store was skipped (dead, or the operation failed)
 
 
@@ -80,25 +85,31 @@ class LayeredStore:
         self.timeout = timeout
         self.strict = strict
         self.dead: BaseException | None = None  # the fault that took the remote store out
+        self.unwritable: BaseException | None = None  # a refused write: reads go on
 
     # -- the remote side, bounded -------------------------------------------------------------
-    def _remote(self, doing: str, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` against the remote store, or ``_SKIPPED`` once it has failed."""
-        if self.dead is not None:
+    def _remote(self, doing: str, fn: Callable[..., T], *args: Any, write: bool = False) -> T:
+        """``fn(*args)`` against the remote store, or ``_SKIPPED`` once it has failed (for a
+        ``write``: once writes were refused)."""
+        if self.dead is not None or (write and self.unwritable is not None):
             return _SKIPPED  # type: ignore[no-any-return]
         try:
             # the backend's own timeouts fire first; this bound catches what they miss
             return _call_bounded(fn, args, self.timeout + 1.0)
         except Exception as e:  # noqa: BLE001 - any failure of a cache must not stop the program
-            self._fault(doing, e)
+            self._fault(doing, e, write=write)
             return _SKIPPED  # type: ignore[no-any-return]
 
-    def _fault(self, doing: str, e: BaseException) -> None:
-        self.dead = e
+    def _fault(self, doing: str, e: BaseException, *, write: bool) -> None:
         _stats.bump(**{"remote_timeouts" if isinstance(e, TimeoutError) else "remote_errors": 1})
-        store_fault(self.remote, doing, e, strict=self.strict,
-                    then="skipping it for the rest of this process (the local store and the "
-                         "compiler go on)")
+        if write and isinstance(e, OSError) and e.errno in _REFUSED_WRITES:
+            self.unwritable = e
+            then = "reading it only from now on (entries compiled here stay in the local store)"
+        else:
+            self.dead = e
+            then = ("skipping it for the rest of this process (the local store and the "
+                    "compiler go on)")
+        store_fault(self.remote, doing, e, strict=self.strict, then=then)
 
     def _copy_to_local(self, key: str, data: bytes) -> None:
         if self.local is None:
@@ -150,14 +161,14 @@ class LayeredStore:
                 local_error = e
         if not self.read_only:
             write = getattr(self.remote, "replace", None) if replace else None
-            self._remote("write to", write or self.remote.put, key, data)
+            self._remote("write to", write or self.remote.put, key, data, write=True)
         if local_error is not None:
             raise local_error
 
     def delete(self, key: str) -> bool:
         existed = bool(self.local.delete(key)) if self.local is not None else False
         if not self.read_only:
-            gone = self._remote("delete from", self.remote.delete, key)
+            gone = self._remote("delete from", self.remote.delete, key, write=True)
             existed = existed or gone is True
         return existed
 
@@ -207,7 +218,8 @@ class _LayeredLease:
         self._held: Lease | None = None
 
     def _current(self) -> Lease | None:
-        if self._remote is not None and self._store.dead is None:
+        store = self._store
+        if self._remote is not None and store.dead is None and store.unwritable is None:
             return self._remote
         return self._local
 
@@ -216,7 +228,7 @@ class _LayeredLease:
         if lease is None:
             return True  # nothing to coordinate with: compile
         if lease is self._remote:
-            got = self._store._remote("lease a key in", lease.acquire)
+            got = self._store._remote("lease a key in", lease.acquire, write=True)
             if got is _SKIPPED:
                 return self.acquire()  # the remote store just failed: the local lease
         else:
@@ -230,7 +242,7 @@ class _LayeredLease:
         if lease is None:
             return False
         if lease is self._remote:
-            got = self._store._remote("renew a lease in", lease.renew)
+            got = self._store._remote("renew a lease in", lease.renew, write=True)
             return got is _SKIPPED or bool(got)  # a dead remote: nobody else sees it either
         return lease.renew()
 
@@ -239,7 +251,7 @@ class _LayeredLease:
         if lease is None:
             return
         if lease is self._remote:
-            self._store._remote("release a lease in", lease.release)
+            self._store._remote("release a lease in", lease.release, write=True)
         else:
             with contextlib.suppress(OSError):
                 lease.release()
