@@ -76,6 +76,14 @@ call("f", f, jnp.full((8, 8), 0.01))
 report()
 """
 
+# The same program with plain jax.jit, its compiles cached through the kiln:// route.
+SLOW_PLAIN = SLOW.replace("@kiln.jit", "@jax.jit").replace(
+    "import kiln\n", "import jax\n\nimport kiln\n\nkiln.enable_jax_cache()\n", 1).replace(
+    'call("f", f, jnp.full((8, 8), 0.01))\nreport()',
+    'x = jnp.full((8, 8), 0.01)\ns0 = kiln.stats()\ncall("f", f, x)\ns1 = kiln.stats()\n'
+    'report(jax_misses=s1.jax_cache_misses - s0.jax_cache_misses,\n'
+    '       jax_hits=s1.jax_cache_hits - s0.jax_cache_hits)')
+
 # Holds the lease on one key the way a compiling process does, then waits to be killed.
 HOLDER = """
 import sys
@@ -130,6 +138,27 @@ def test_single_flight_one_compile_across_processes(xp, tmp_path, fleet):
     assert sum(r.stats["lease_waits"] for r in runs) >= 1  # someone waited, nobody compiled twice
     if kind == "redis":
         assert sum(r.stats["remote_hits"] for r in runs) == n - 1
+
+
+@pytest.mark.slow
+def test_single_flight_for_plain_jax_jit_through_the_jax_cache_route(xp, tmp_path, fleet):
+    kind, url = fleet
+    prog = xp.Program(tmp_path)
+    prog.write("prog.py", SLOW_PLAIN)
+    n = 3
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    env = {"KILN_JAX_CACHE": "1"}
+    procs = [prog.start(str(barrier), str(n), env={**_env(kind, url, i), **env})
+             for i in range(n)]
+    runs = [prog.finish(p, timeout=300) for p in procs]
+    recs = [r["f"] for r in runs]
+    # f missed JAX's cache (and was compiled) in one process; the others loaded its value
+    assert sum(r.extra["jax_misses"] for r in runs) == 1, [r.extra for r in runs]
+    assert sum(r.extra["jax_hits"] for r in runs) == n - 1, [r.extra for r in runs]
+    assert sum(r.stats["lease_waits"] for r in runs) >= 1
+    values = [xp.value(r) for r in recs]
+    assert all(v == values[0] for v in values)
 
 
 @pytest.mark.slow

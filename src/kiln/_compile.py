@@ -34,7 +34,7 @@ from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_f
 from ._jax_cache import kiln_compiling
 from ._key import environment_parts, make_key
 from ._progress import compiling
-from .stores import Leasable, Lease, Store, open_store, store_fault, user_stacklevel
+from .stores import Held, Leasable, Lease, Store, open_store, store_fault, user_stacklevel
 
 logger = logging.getLogger("kiln")
 
@@ -86,31 +86,15 @@ _ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Load
 
 @contextlib.contextmanager
 def _holding(lease: Lease | None, seconds: float) -> Any:
-    """Hold ``lease`` (if any) for the block: renewed every third of ``seconds`` on a thread,
-    released at the end (a failed renew or release only ends the lease early: a waiter then
-    compiles too, and entries are content-addressed)."""
+    """Hold ``lease`` (if any) for the block (see :class:`kiln.stores.Held`)."""
     if lease is None:
         yield
         return
-    done = threading.Event()
-
-    def renew() -> None:
-        while not done.wait(seconds / 3):
-            try:
-                if not lease.renew():
-                    return
-            except Exception:  # noqa: BLE001 - the store failed: the lease just runs out
-                return
-
-    thread = threading.Thread(target=renew, name="kiln-lease", daemon=True)
-    thread.start()
+    held = Held(lease, seconds)
     try:
         yield
     finally:
-        done.set()
-        thread.join()
-        with contextlib.suppress(Exception):
-            lease.release()
+        held.release()
 
 
 class _Box(dict[Any, Any]):

@@ -14,6 +14,11 @@ writes it again. Problems are logged (logger ``kiln``, WARNING), never raised as
 code runs inside JAX's cache, where a warning made an error by the user's filters would stop the
 call.
 
+Single-flight: when a read misses, the reading thread takes the key's lease before JAX
+compiles (it is held until JAX writes the value, or shortly after XLA's compile when JAX does
+not write it); another process missing the same key meanwhile waits for the value instead of
+compiling it too (:class:`kiln.stores.Leasable`; counted in ``lease_waits``).
+
 JAX decides what it caches: jax 0.10 never writes an executable that holds host callbacks
 (``jax.debug.print``, ``io_callback``, equinox's runtime checks); jax 0.11 and later write
 them. kiln's own compiles (:func:`kiln.jit`) skip the route's writes: kiln stores those
@@ -39,7 +44,7 @@ from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
 from ._errors import EntryError, StoreError
 from ._key import make_key
-from .stores import open_store, store_fault
+from .stores import Held, Leasable, open_store, store_fault
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -154,6 +159,14 @@ def _read(jax_key: str) -> bytes | None:
     cfg = get_config()
     store = open_store(cfg)
     key = store_key(jax_key)
+    value = _read_value(store, key, jax_key, cfg)
+    if value is None and not getattr(_local, "own", False):
+        value = _await_or_lease(store, key, jax_key, cfg)
+    return value
+
+
+def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
+    """The value JAX cached under ``key``, or None (absent, unreadable, unusable)."""
     try:
         blob = store.get(key)
     except (OSError, StoreError) as e:
@@ -176,7 +189,59 @@ def _read(jax_key: str) -> bytes | None:
                        "again and kiln replaces it", key[:12], _module_name(jax_key),
                        store.url, e)
         return None
-    return value
+    return value  # type: ignore[no-any-return]
+
+
+# the lease this thread holds while JAX compiles the key it just missed: (store key, Held)
+_held = threading.local()
+
+
+def _release_held(key: str | None = None) -> None:
+    """Give up this thread's lease (only if it is on ``key``, when given)."""
+    held = getattr(_held, "item", None)
+    if held is not None and (key is None or held[0] == key):
+        _held.item = None
+        held[1].release()
+
+
+def _await_or_lease(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
+    """After a miss: take the key's lease (JAX compiles it next, and its write releases the
+    lease), or, while another process holds it, wait for its value (bounded by
+    ``lease_wait``; taken over when the holder's lease runs out). The value, or None."""
+    _release_held()
+    if key in _unusable or not isinstance(store, Leasable):
+        return None  # (an unusable entry: JAX writes it again, nothing to wait for)
+    try:
+        lease = store.lease(key, cfg.lease_seconds)
+    except (OSError, StoreError, ValueError):
+        return None
+    deadline = time.monotonic() + cfg.lease_wait
+    pause, waited = 0.05, False
+    while True:
+        try:
+            held = lease.acquire()
+        except (OSError, StoreError):
+            return None
+        value = _read_value(store, key, jax_key, cfg)  # (it may have arrived since the miss)
+        if value is not None:
+            if held:
+                with contextlib.suppress(Exception):
+                    lease.release()
+            return value
+        if held:
+            if waited:
+                _stats.bump(lease_takeovers=1)
+            _held.item = (key, Held(lease, cfg.lease_seconds))
+            return None
+        if not waited:
+            waited = True
+            _stats.bump(lease_waits=1)
+            logger.debug("kiln: another process is compiling %s (JAX cache); waiting",
+                         _module_name(jax_key))
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.5, cfg.lease_seconds / 4)
 
 
 def _write(jax_key: str, value: bytes) -> None:
@@ -193,11 +258,15 @@ def _write(jax_key: str, value: bytes) -> None:
         "jaxlib": jaxlib.__version__,
         "created": time.time(),
     }
+    replace = key in _unusable  # (a remote store's put keeps what it holds)
+    write = getattr(store, "replace", store.put) if replace else store.put
     try:
-        store.put(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
+        write(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
     except (OSError, StoreError) as e:
         store_fault(store, "write to", e, strict=cfg.strict, report=logger.warning)
         return
+    finally:
+        _release_held(key)
     _unusable.discard(key)
     _stats.bump(jax_cache_writes=1)
 
@@ -205,6 +274,26 @@ def _write(jax_key: str, value: bytes) -> None:
 def _module_name(jax_key: str) -> str:
     """``jit_fit-0f3a...`` -> ``jit_fit``: JAX's key is the module name, '-', a hash."""
     return jax_key.rpartition("-")[0] or jax_key
+
+
+def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    """After XLA's compile in a thread holding a route lease: JAX writes the value next, or
+    never (an executable it does not cache); release the lease shortly in either case."""
+    if event != _BACKEND_COMPILE or getattr(_held, "item", None) is None:
+        return
+    key = _held.item[0]
+    delay = max(2.0, duration_secs)
+    timer = threading.Timer(delay, _release_later, (_held.item,))
+    timer.daemon = True
+    timer.start()
+    logger.debug("kiln: route lease on %s released within %.1f s", key[:12], delay)
+
+
+def _release_later(item: tuple[str, Held]) -> None:
+    item[1].release()  # idempotent: JAX's write may have released it already
+
+
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 def _on_event(event: str, **kwargs: Any) -> None:
@@ -259,6 +348,7 @@ def enable_jax_cache() -> bool:
                 return False
             epath.register_path_cls(SCHEME)(StorePath)
             jax.monitoring.register_event_listener(_on_event)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
             _registered = True
         for name, value in _SETTINGS.items():
             _saved[name] = getattr(jax.config, name)

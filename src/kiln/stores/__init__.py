@@ -15,11 +15,12 @@ from ._base import Store as Store
 from ._faults import store_fault as store_fault
 from ._faults import user_stacklevel as user_stacklevel
 from ._layered import LayeredStore as LayeredStore
+from ._lease import Held as Held
 from ._local import LocalStore as LocalStore
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
-__all__ = ["EntryStat", "LayeredStore", "Leasable", "Lease", "LocalStore", "MemoryStore",
+__all__ = ["EntryStat", "Held", "LayeredStore", "Leasable", "Lease", "LocalStore", "MemoryStore",
            "NullStore", "Store", "open_store", "store_fault", "user_stacklevel"]
 
 _cache: dict[tuple[Any, ...], Store] = {}
