@@ -287,6 +287,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "temp_files": _temps(store)[0],
         "temp_bytes": _temps(store)[1],
     }
+    read_counts = getattr(store, "counts", None)
+    if read_counts is not None:
+        # what processes that used this store as (or behind) a shared store recorded at exit
+        summary["counters"] = dict(sorted(read_counts().items()))
     if args.json:
         _say(json.dumps(summary, indent=2))
         return 0
@@ -307,6 +311,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         _say("functions:")
         for line in _columns([(str(n), f) for f, n in sorted(functions.items())], (True, False)):
             _say("  " + line)
+    if summary.get("counters"):
+        _say("recorded by processes with a shared store (at exit):")
+        counters = summary["counters"].items()
+        _say("  " + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in counters))
     return 0
 
 

@@ -510,21 +510,36 @@ class _Miss:
                 return got.executable
             if got.outcome is Outcome.VERIFY_ONLY:
                 self.unsound = "manifest could not be fingerprinted (recorded on the first run)"
-        if self.unsound is not None:
-            self._explain("verify-path", f"taking the verify path: {self.unsound}")
-            return self._verify_path(t_start)
+        if self.unsound is None:
+            assert fp_key is not None  # internal invariant: the fingerprint was sound
+            # single-flight before tracing: a process that waits for another's compile has
+            # nothing to do but load its entry (tracing first cost each waiter seconds)
+            other, lease = self._await_or_lease(fp_key, t_start)
+            if other is not None and other.outcome is Outcome.HIT:
+                return other.executable
+            if other is not None and other.outcome is Outcome.VERIFY_ONLY:
+                self.unsound = "manifest could not be fingerprinted (recorded on the first run)"
+            else:
+                with _holding(lease, self.cfg.lease_seconds):
+                    return self._trace_and_compile(fp_key, t_start)
+        self._explain("verify-path", f"taking the verify path: {self.unsound}")
+        return self._verify_path(t_start)
+
+    def _trace_and_compile(self, fp_key: str, t_start: float) -> Any:
+        """The cold path under a sound fingerprint (holding ``fp_key``'s lease, if any): trace,
+        record the manifest, compile and store under ``fp_key`` (or, when the manifest cannot
+        be recorded, write a verify-only marker there and take the verify path)."""
         self._trace()
         t0 = time.perf_counter()
         manifest, reason = manifest_for(self.calls, self.fp, self.imported)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
-        assert fp_key is not None  # internal invariant: the fingerprint was sound
         if reason is not None:
             self._explain("verify-path", f"taking the verify path: {reason}")
             marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
                       "signature": self.signature, "reason": reason, "created": time.time()}
             self._put(fp_key, marker, {})
             return self._verify_path(t_start)
-        return self._compile_and_store(fp_key, manifest, t_start)
+        return self._compile_and_store(fp_key, manifest, t_start, leased=True)
 
     def _load(self, key: str, t_start: float) -> Loaded:
         """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not."""
@@ -706,8 +721,9 @@ class _Miss:
     # -- single-flight ----------------------------------------------------------------------
     def _await_or_lease(self, key: str, t_start: float) -> tuple[Loaded | None, Lease | None]:
         """Single-flight before compiling ``key``: one process compiles, the others wait for
-        its entry. Returns (a HIT when another process's entry arrived, None) or (None, the
-        lease this process now holds, or None where the store leases nothing or failed).
+        its entry. Returns (what another process stored: a HIT, or a verify-only marker; None)
+        or (None, the lease this process now holds, or None where the store leases nothing or
+        failed).
 
         A waiter polls the store; it takes the key over when the holder's lease runs out (the
         holder died: a local file lock is freed by the OS at once, a remote lease after
@@ -738,7 +754,7 @@ class _Miss:
                     got = self._load(key, t_start)
                 finally:
                     self._quiet = False
-                if got.outcome is Outcome.HIT:
+                if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY):
                     if held:
                         with contextlib.suppress(OSError, StoreError):
                             lease.release()
@@ -766,9 +782,13 @@ class _Miss:
                 waited += pause
                 pause = min(pause * 1.5, 0.5, cfg.lease_seconds / 4)
 
-    def _compile_and_store(self, key: str, manifest: list[list[str]] | None, t_start: float) -> Any:
-        got, lease = self._await_or_lease(key, t_start)
-        if got is not None:
+    def _compile_and_store(
+        self, key: str, manifest: list[list[str]] | None, t_start: float, *, leased: bool = False
+    ) -> Any:
+        """Compile and store under ``key``, single-flight (``leased``: the caller already
+        holds, or tried for, the key's lease)."""
+        got, lease = (None, None) if leased else self._await_or_lease(key, t_start)
+        if got is not None and got.outcome is Outcome.HIT:
             return got.executable
         with _holding(lease, self.cfg.lease_seconds):
             return self._compile_and_store_held(key, manifest, t_start)

@@ -18,9 +18,11 @@ only read) only stops the writes and leases: the remote store is still read. Wit
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -86,6 +88,8 @@ class LayeredStore:
         self.strict = strict
         self.dead: BaseException | None = None  # the fault that took the remote store out
         self.unwritable: BaseException | None = None  # a refused write: reads go on
+        self._counted = _stats.stats().as_dict()  # counters already recorded (see counts)
+        _layered.add(self)
 
     # -- the remote side, bounded -------------------------------------------------------------
     def _remote(self, doing: str, fn: Callable[..., T], *args: Any, write: bool = False) -> T:
@@ -208,6 +212,38 @@ class LayeredStore:
         local = self.local.lease(key, seconds) if isinstance(self.local, Leasable) else None
         remote = self.remote.lease(key, seconds) if isinstance(self.remote, Leasable) else None
         return _LayeredLease(self, remote, local)
+
+
+    # -- counters of the fleet -----------------------------------------------------------------
+    def record_counts(self, *, timeout: float = 2.0) -> None:
+        """Add this process's counters since the last call (remote hits, misses, timeouts,
+        errors, lease waits and takeovers, hits, compiles) to both stores' counters, where they
+        keep any (``add_counts``), for ``kiln stats``. Runs at exit; best-effort, bounded by
+        ``timeout`` seconds per store."""
+        now = _stats.stats().as_dict()
+        counts = {name: int(now[name] - self._counted.get(name, 0)) for name in COUNTED}
+        self._counted = now
+        if not any(counts.values()):
+            return
+        for store in (self.local, self.remote):
+            add = getattr(store, "add_counts", None)
+            if add is None or (store is self.remote and (self.dead or self.unwritable)):
+                continue
+            with contextlib.suppress(Exception):
+                _call_bounded(add, (counts,), min(timeout, self.timeout))
+
+
+#: The counters a layered store records in its stores (``kiln stats`` shows them).
+COUNTED = ("hits", "compiles", "remote_hits", "remote_misses", "remote_timeouts",
+           "remote_errors", "lease_waits", "lease_takeovers")
+_layered: weakref.WeakSet[LayeredStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _record_all_counts() -> None:
+    for store in list(_layered):
+        with contextlib.suppress(Exception):
+            store.record_counts()
 
 
 class _LayeredLease:

@@ -6,7 +6,9 @@ Layout under ``root``::
     leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
                                     that key (``filelock``; the OS frees it when the holder dies)
     index.sqlite                    key, size, created, last_used: for LRU eviction without
-                                    scanning the directory on every write
+                                    scanning the directory on every write; and the counters of
+                                    processes that used a shared store behind this one
+                                    (``add_counts``, shown by ``kiln stats``)
 
 Writes are atomic (a temp file in the same folder, then ``os.replace``; the temp file is removed
 on failure), so a reader in another process sees the old entry, the new one, or none, never half
@@ -57,6 +59,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS entries (key TEXT PRIMARY KEY, size INTEGER NOT NULL, "
     "created REAL NOT NULL, last_used REAL NOT NULL)"
 )
+_COUNTERS = "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)"
 _HEADER_READ = 1 << 16
 
 
@@ -453,6 +456,31 @@ class LocalStore:
                     return peek_header(f.read())
         except (OSError, EntryError):
             return None
+
+    # -- counters ------------------------------------------------------------------------
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the store's counters (one transaction).
+
+        Raises:
+            OSError: the index cannot be written.
+        """
+        with self._lock, _index_errors(self.root / "index.sqlite"):
+            db = self._conn()
+            db.execute(_COUNTERS)
+            for name, value in counts.items():
+                db.execute("INSERT INTO counters VALUES (?, ?) ON CONFLICT(name) DO UPDATE "
+                           "SET value = value + excluded.value", (name, int(value)))
+            db.commit()
+
+    def counts(self) -> dict[str, int]:
+        """The counters added so far (see :meth:`add_counts`)."""
+        with self._lock, _index_errors(self.root / "index.sqlite"):
+            db = self._conn()
+            try:
+                rows = db.execute("SELECT name, value FROM counters").fetchall()
+            except sqlite3.OperationalError:  # no such table: nothing recorded yet
+                return {}
+            return {name: int(v) for name, v in rows}
 
     # -- size management -----------------------------------------------------------------
     def total_size(self) -> int:
