@@ -133,6 +133,7 @@ def test_single_flight_one_compile_across_processes(xp, tmp_path, fleet):
     assert sum(r["compiles"] for r in recs) == 1, recs
     assert sum(r["xla_compiles"] for r in recs) == 1, recs
     assert sum(r["hits"] for r in recs) == n - 1, recs
+    assert sum(r["py_traces"] for r in recs) == 1, recs  # waiters do not trace: they load
     values = [np.asarray(xp.value(r)) for r in recs]
     assert all(np.array_equal(v, values[0]) for v in values) and values[0].shape == (8, 8)
     assert sum(r.stats["lease_waits"] for r in runs) >= 1  # someone waited, nobody compiled twice
