@@ -139,6 +139,14 @@ def test_single_flight_one_compile_across_processes(xp, tmp_path, fleet):
     assert sum(r.stats["lease_waits"] for r in runs) >= 1  # someone waited, nobody compiled twice
     if kind == "redis":
         assert sum(r.stats["remote_hits"] for r in runs) == n - 1
+        # each process recorded its counters in the shared store at exit: `kiln stats` shows
+        # the fleet's (and each host's local store its own)
+        with kiln.config_context(store=url, signing_key="fleet-secret"):
+            counts = open_store(kiln.get_config(), layered=False).counts()
+        assert counts["compiles"] == 1 and counts["hits"] == n - 1, counts
+        assert counts["remote_hits"] == n - 1 and counts["lease_waits"] >= 1, counts
+        host = LocalStore(prog.dir / "host-0").counts()
+        assert host["compiles"] + host["hits"] == 1, host
 
 
 @pytest.mark.slow
@@ -430,6 +438,14 @@ def test_cli_verbs_work_on_a_remote_store(remote, request, tmp_path, capsys, mon
     assert len(keys) == 2
     code, out, _ = _cli(["ls", "--json", "--store", url], capsys)
     assert code == 0 and sorted(r["key"] for r in json.loads(out)) == keys
+    remote_store.add_counts({"remote_hits": 3, "compiles": 1})
+    remote_store.add_counts({"remote_hits": 2})
+    code, out, _ = _cli(["stats", "--json", "--store", url], capsys)
+    summary = json.loads(out)
+    assert code == 0 and summary["entries"] == 2
+    assert summary["counters"] == {"compiles": 1, "remote_hits": 5}
+    code, out, _ = _cli(["stats", "--store", url], capsys)
+    assert "compiles: 1, remote hits: 5" in out
     # a tampered entry: verify finds it, --delete-bad removes it from the remote store
     blob = remote_store.get(keys[0])
     remote_store.replace(keys[0], blob[:-1] + bytes([blob[-1] ^ 1]))

@@ -6,6 +6,8 @@ formats never meet)::
 
     vN/entries/<key[:2]>/<key>.kiln    one entry blob per object (see kiln._entry for its bytes)
     vN/used/<key>                      empty; its modification time is the entry's last use
+    vN/counters/<host>.<pid>.<random>.json   counters one process recorded at exit
+                                       (``add_counts``; ``counts`` sums them)
     vN/leases/<key>                    JSON {"token", "seq", "host", "pid"}: who compiles <key>
 
 Options come the fsspec way: ``FSSPEC_<PROTOCOL>_<OPTION>`` environment variables (read when
@@ -29,6 +31,12 @@ hour (best-effort: a failed marker write is ignored); :meth:`FsspecStore.prune` 
 What is trusted: whoever can write under the URL can run code in every process that loads
 entries from it (an entry holds native code): keep the bucket private, or set
 ``KILN_SIGNING_KEY`` (then only entries signed with it are decoded).
+
+Timeouts: reads wait at most ``timeout`` seconds for each answer (S3: botocore's read timeout).
+A write on an asynchronous file system (s3fs, gcsfs, adlfs) is abandoned (``TimeoutError``)
+once it has taken ``connect_timeout + timeout`` seconds plus one second per MiB: S3 PUTs send
+``Expect: 100-continue``, and aiohttp waits for a server that never answers that without any
+timeout of its own.
 
 Faults: any exception of the file system (botocore's ``ClientError`` such as ``SlowDown`` or
 ``AccessDenied``, a refused connection, ``PermissionError``) reaches the caller as ``OSError``;
@@ -65,6 +73,7 @@ _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # protocol -> ja
 # object stores: no folders to make (and s3fs's makedirs would create a missing bucket)
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"}
 _monotonic = time.monotonic  # the leases' clock (tests replace it)
+_MIN_RATE = 1 << 20  # bytes per second: a write slower than this counts as hung
 # keys of fsspec's info() that hold a modification time, most specific first
 _MTIME_FIELDS = ("LastModified", "mtime", "updated", "last_modified", "modified", "created",
                  "timeCreated")
@@ -201,7 +210,10 @@ class FsspecStore:
         except (ValueError, TypeError) as e:
             raise StoreError(f"kiln store {self.url!r} cannot be opened with fsspec "
                              f"({e})") from None
+        self.connect_timeout = connect_timeout
         self._has_folders = not _OBJECT_STORES.intersection(protocols)
+        # fsspec's sync wrapper of an async file system takes a deadline (``timeout=``)
+        self._deadlines = bool(getattr(self._fs, "async_impl", False))
         if isinstance(getattr(self._fs, "retries", None), int):
             self._fs.retries = 1  # s3fs, gcsfs: one attempt (a hung store costs one timeout)
         self._base = f"{root.rstrip('/')}/v{FORMAT_VERSION}"
@@ -248,15 +260,17 @@ class FsspecStore:
     def _write(self, path: str, data: bytes, *, create: bool) -> bool:
         """Write ``data`` at ``path``; with ``create``, only if nothing is there (``False``
         then). Makes missing folders on file systems that have folders (never a bucket)."""
-        mode = "create" if create else "overwrite"
+        options: dict[str, Any] = {"mode": "create" if create else "overwrite"}
+        if self._deadlines:
+            options["timeout"] = self.connect_timeout + self.timeout + len(data) / _MIN_RATE
         try:
             try:
-                self._fs.pipe_file(path, data, mode=mode)
+                self._fs.pipe_file(path, data, **options)
             except FileNotFoundError:
                 if not self._has_folders:
                     raise  # S3: no such bucket
                 self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-                self._fs.pipe_file(path, data, mode=mode)
+                self._fs.pipe_file(path, data, **options)
         except FileExistsError:
             if create:
                 return False
@@ -267,6 +281,25 @@ class FsspecStore:
                 return False
             raise
         return True
+
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Record ``counts`` as one small object (object stores have no atomic increment:
+        :meth:`counts` sums the objects)."""
+        name = f"{socket.gethostname()[:32]}.{os.getpid()}.{uuid.uuid4().hex[:8]}.json"
+        with self._errors("write to"):
+            self._write(f"{self._base}/counters/{name}",
+                        json.dumps({k: int(v) for k, v in counts.items()}).encode(), create=True)
+
+    def counts(self) -> dict[str, int]:
+        """The sums of the counters recorded so far (see :meth:`add_counts`)."""
+        total: dict[str, int] = {}
+        with self._errors("read from"):
+            for path in self._listing(f"{self._base}/counters"):
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    raw = self._read(path)
+                    for name, value in json.loads(raw or b"{}").items():
+                        total[str(name)] = total.get(str(name), 0) + int(value)
+        return total
 
     def _read(self, path: str, start: int | None = None, end: int | None = None
               ) -> bytes | None:
