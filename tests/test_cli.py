@@ -368,10 +368,10 @@ def test_prune_bad_size_is_usage_error(filled: Path, capsys: pytest.CaptureFixtu
     assert err.startswith("error: --max-size must be a size such as '4GiB'")
 
 
-def test_prune_needs_local_store(capsys: pytest.CaptureFixture[str]) -> None:
+def test_prune_needs_a_store_that_keeps_last_use(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(["--store", "memory", "prune", "--max-size", "1MB"], capsys)
     assert (code, out) == (1, "")
-    assert err == "error: prune needs a local store; the configured store is 'memory'\n"
+    assert err == "error: store 'memory' cannot be pruned (it keeps no last-use order)\n"
 
 
 # -- clear --------------------------------------------------------------------------------------

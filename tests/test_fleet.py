@@ -458,3 +458,26 @@ def test_cli_verbs_work_on_a_remote_store(remote, request, tmp_path, capsys, mon
     # a store that is down: an error naming it, exit 1, no traceback
     code, _, err = _cli(["ls", "--store", f"redis://127.0.0.1:{servers.free_port()}/0"], capsys)
     assert code == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+def test_the_jax_cache_route_logs_shared_store_problems_never_warns(tmp_path, caplog):
+    """Inside JAX's cache a warning made an error by the user's filters would fail the call:
+    the route logs (an unsigned shared store; a store that is down) instead."""
+    import logging
+    import warnings
+
+    import jax
+
+    url = f"redis://127.0.0.1:{servers.free_port()}/0"
+    with kiln.config_context(store=url, cache_dir=tmp_path, remote_timeout=0.5):
+        assert kiln.enable_jax_cache()
+        try:
+            with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="kiln"):
+                warnings.simplefilter("error")
+                y = jax.jit(lambda x: x * 7.0 + 1.0)(np.arange(3.0, dtype=np.float32))
+        finally:
+            kiln.disable_jax_cache()
+    np.testing.assert_array_equal(y, np.arange(3.0) * 7.0 + 1.0)
+    assert "KILN_SIGNING_KEY is not set" in caplog.text
+    assert "skipping it for the rest of this process" in caplog.text
+    assert kiln.stats().remote_errors == 1 and kiln.stats().jax_cache_writes >= 1

@@ -288,9 +288,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "temp_bytes": _temps(store)[1],
     }
     read_counts = getattr(store, "counts", None)
-    if read_counts is not None:
+    counters = read_counts() if read_counts is not None else {}
+    if counters:
         # what processes that used this store as (or behind) a shared store recorded at exit
-        summary["counters"] = dict(sorted(read_counts().items()))
+        summary["counters"] = dict(sorted(counters.items()))
     if args.json:
         _say(json.dumps(summary, indent=2))
         return 0

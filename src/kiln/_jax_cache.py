@@ -44,7 +44,7 @@ from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
 from ._errors import EntryError, StoreError
 from ._key import make_key
-from .stores import Held, Leasable, open_store, store_fault
+from .stores import Held, Leasable, open_store, reporting, store_fault
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -135,7 +135,8 @@ class StorePath:
     def write_bytes(self, data: bytes) -> int:
         jax_key = _jax_key(self.name)
         if jax_key is not None and not getattr(_local, "own", False):
-            _write(jax_key, bytes(data))
+            with reporting(logger.warning):  # inside JAX's cache: logged, never warned
+                _write(jax_key, bytes(data))
         return len(data)
 
     def _value(self) -> bytes | None:
@@ -146,7 +147,8 @@ class StorePath:
             _local.last = None
             return last[1]  # type: ignore[no-any-return]
         jax_key = _jax_key(self.name)
-        value = None if jax_key is None else _read(jax_key)
+        with reporting(logger.warning):  # inside JAX's cache: logged, never warned
+            value = None if jax_key is None else _read(jax_key)
         _local.last = (self._text, value) if value is not None else None
         return value
 
@@ -170,7 +172,7 @@ def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
     try:
         blob = store.get(key)
     except (OSError, StoreError) as e:
-        store_fault(store, "read", e, strict=cfg.strict, report=logger.warning)
+        store_fault(store, "read", e, strict=cfg.strict)
         return None
     if blob is None or key in _unusable:
         return None
@@ -263,7 +265,7 @@ def _write(jax_key: str, value: bytes) -> None:
     try:
         write(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
     except (OSError, StoreError) as e:
-        store_fault(store, "write to", e, strict=cfg.strict, report=logger.warning)
+        store_fault(store, "write to", e, strict=cfg.strict)
         return
     finally:
         _release_held(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from .._config import Config
@@ -12,6 +13,8 @@ from ._base import EntryStat as EntryStat
 from ._base import Leasable as Leasable
 from ._base import Lease as Lease
 from ._base import Store as Store
+from ._faults import reporter
+from ._faults import reporting as reporting
 from ._faults import store_fault as store_fault
 from ._faults import user_stacklevel as user_stacklevel
 from ._layered import LayeredStore as LayeredStore
@@ -21,7 +24,8 @@ from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
 __all__ = ["EntryStat", "Held", "LayeredStore", "Leasable", "Lease", "LocalStore", "MemoryStore",
-           "NullStore", "Store", "open_store", "store_fault", "user_stacklevel"]
+           "NullStore", "Store", "open_store", "reporting", "store_fault",
+           "user_stacklevel"]
 
 _cache: dict[tuple[Any, ...], Store] = {}
 _lock = threading.Lock()
@@ -29,7 +33,9 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _warned_unsigned: set[str] = set()
 
 
-def open_store(config: Config, *, layered: bool = True) -> Store:
+def open_store(
+    config: Config, *, layered: bool = True, report: Callable[[str], None] | None = None
+) -> Store:
     """The store named by ``config.store`` (one instance per distinct setting per process).
 
     ``None`` / ``"local"``: :class:`LocalStore` at ``config.cache_dir``; ``"memory"``;
@@ -37,7 +43,9 @@ def open_store(config: Config, *, layered: bool = True) -> Store:
     ``scheme://``: an fsspec filesystem (``s3://``, ``gs://``, ``memory://``, ...); anything
     else is a local directory path (``file://`` allowed). A remote store is returned inside a
     :class:`LayeredStore` (behind the local store, per ``config.remote_mode``) unless
-    ``layered`` is false (the CLI works on the remote store itself).
+    ``layered`` is false (the CLI works on the remote store itself). A shared store without a
+    signing key gives one :class:`kiln.StoreWarning` per process (or one call of ``report``
+    with its text, where a warning could stop the program: inside JAX's cache).
 
     Raises:
         ConfigError: an unknown URL scheme.
@@ -62,7 +70,7 @@ def open_store(config: Config, *, layered: bool = True) -> Store:
     if ident[0] != "remote":
         return store
     if not config.signing_key:
-        _warn_unsigned(store.url)
+        _warn_unsigned(store.url, report)
     if not layered:
         return store
     local = None
@@ -117,14 +125,18 @@ def _open(ident: tuple[Any, ...], scheme: str) -> Store:
     return FsspecStore(url, timeout=timeout)
 
 
-def _warn_unsigned(url: str) -> None:
+def _warn_unsigned(url: str, report: Callable[[str], None] | None) -> None:
     """Once per remote store per process: without a signing key, a shared store is code."""
     with _lock:
         if url in _warned_unsigned:
             return
         _warned_unsigned.add(url)
-    warnings.warn(
-        f"kiln: store {url!r} is shared and KILN_SIGNING_KEY is not set: anyone who can write "
-        "to it can run code in every process that reads it. Set KILN_SIGNING_KEY to the same "
-        "secret on every worker (entries are then HMAC-signed and unsigned ones never loaded)",
-        StoreWarning, stacklevel=user_stacklevel())
+    text = (f"kiln: store {url!r} is shared and KILN_SIGNING_KEY is not set: anyone who can "
+            "write to it can run code in every process that reads it. Set KILN_SIGNING_KEY to "
+            "the same secret on every worker (entries are then HMAC-signed and unsigned ones "
+            "never loaded)")
+    report = report or reporter()
+    if report is not None:
+        report(text)
+        return
+    warnings.warn(text, StoreWarning, stacklevel=user_stacklevel())

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .. import _stats
 from .._errors import StoreError, StoreWarning
 from ._base import Store
 
-__all__ = ["store_fault", "user_stacklevel"]
+__all__ = ["reporting", "store_fault", "user_stacklevel"]
 
 logger = logging.getLogger("kiln")
 
@@ -21,6 +22,27 @@ logger = logging.getLogger("kiln")
 _faulted_stores: set[str] = set()
 _faulted_lock = threading.Lock()
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+_reporter = threading.local()
+
+
+@contextlib.contextmanager
+def reporting(report: Callable[[str], None]) -> Iterator[None]:
+    """Inside the block (this thread), store problems are handed to ``report`` instead of
+    warned (code that runs inside JAX's cache, where a warning turned into an error by the
+    user's filters would fail the call)."""
+    before = getattr(_reporter, "report", None)
+    _reporter.report = report
+    try:
+        yield
+    finally:
+        _reporter.report = before
+
+
+def reporter() -> Callable[[str], None] | None:
+    """The ``report`` of the innermost :func:`reporting` block of this thread, if any."""
+    return getattr(_reporter, "report", None)
 
 
 def store_fault(
@@ -38,6 +60,7 @@ def store_fault(
         StoreError: ``strict`` (``KILN_STRICT=1``).
     """
     _stats.bump(store_errors=1)
+    report = report or reporter()
     message = f"kiln: cannot {doing} store {store.url!r} ({e})"
     if strict:
         raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
