@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,30 @@ import kiln
 # Audit share of the suite: KILN_TEST_VERIFY=1 (set by .ci/run for one pass over tests/test_jit.py)
 # runs every warm hit in KILN_VERIFY mode.
 _VERIFY = os.environ.get("KILN_TEST_VERIFY") == "1"
+
+
+def _load_servers() -> types.ModuleType:
+    """``tests/servers.py`` (real ``redis-server`` / ``moto_server`` for the fleet tests), loaded
+    by path: test modules cannot import each other under ``--import-mode=importlib``."""
+    name = "kiln_test_servers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_servers = _load_servers()
+redis_server, redis_url = _servers.redis_server, _servers.redis_url
+s3_server, s3_url = _servers.s3_server, _servers.s3_url
+
+
+@pytest.fixture(scope="session")
+def servers() -> types.ModuleType:
+    """``tests/servers.py``: ``free_port()``, ``hung_server()``, ``start_redis``, ``stop``..."""
+    return _servers
 
 
 @pytest.fixture(autouse=True)

@@ -1,26 +1,9 @@
 """Real servers for the remote-store tests: ``redis-server`` and ``moto_server`` (S3) as child
 processes, and a loopback port that accepts connections and never answers.
 
-Test modules cannot import each other under ``--import-mode=importlib``, so a test file loads
-this one by path, under one shared module name (then every file shares one server of each kind
-per session), and re-exports the fixtures it uses::
-
-    import importlib.util, sys
-    from pathlib import Path
-
-    def _load_servers():
-        name = "kiln_test_servers"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(
-                name, Path(__file__).with_name("servers.py"))
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        return sys.modules[name]
-
-    servers = _load_servers()
-    redis_server, redis_url = servers.redis_server, servers.redis_url
-    s3_server, s3_url = servers.s3_server, servers.s3_url
+``tests/conftest.py`` loads this module once (test modules cannot import each other under
+``--import-mode=importlib``) and gives every test its fixtures below, and the module itself as
+the ``servers`` fixture (``servers.free_port()``, ``servers.hung_server()``, ...).
 
 Fixtures:
 

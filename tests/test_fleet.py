@@ -4,13 +4,11 @@ signed entries. Real processes; real ``redis-server`` / ``moto_server`` (tests/s
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,21 +16,6 @@ import pytest
 
 import kiln
 from kiln.stores import LayeredStore, LocalStore, open_store
-
-
-def _load_servers():
-    name = "kiln_test_servers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-servers = _load_servers()
-redis_server, redis_url = servers.redis_server, servers.redis_url
-s3_server, s3_url = servers.s3_server, servers.s3_url
 
 # A program whose XLA compile takes about a second on this machine: long enough that processes
 # released together all miss before the first one stores its entry (without single-flight each
@@ -284,7 +267,7 @@ def test_s3_store_layered(s3_url, tmp_path):
 
 # -- faults ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["hung", "down"])
-def test_a_remote_store_that_fails_warns_once_and_is_skipped(how, tmp_path):
+def test_a_remote_store_that_fails_warns_once_and_is_skipped(servers, how, tmp_path):
     with servers.hung_server() as hung:
         port = hung.port if how == "hung" else servers.free_port()
         url = f"redis://127.0.0.1:{port}/0"
@@ -350,7 +333,7 @@ def test_signed_remote_entries_tampered_or_foreign_are_never_loaded(redis_url, t
 
 
 @pytest.mark.parametrize("how", ["full", "read-only"])
-def test_a_full_or_read_only_redis_warns_once_and_results_stay_right(how, tmp_path):
+def test_a_full_or_read_only_redis_warns_once_and_results_stay_right(servers, how, tmp_path):
     import redis
 
     url, proc = servers.start_redis(tmp_path / "redis")
@@ -425,7 +408,9 @@ def _cli(argv, capsys):
 
 
 @pytest.mark.parametrize("remote", ["redis", "s3"])
-def test_cli_verbs_work_on_a_remote_store(remote, request, tmp_path, capsys, monkeypatch):
+def test_cli_verbs_work_on_a_remote_store(
+    servers, remote, request, tmp_path, capsys, monkeypatch
+):
     import json
 
     url = request.getfixturevalue("redis_url" if remote == "redis" else "s3_url")
@@ -460,7 +445,7 @@ def test_cli_verbs_work_on_a_remote_store(remote, request, tmp_path, capsys, mon
     assert code == 1 and err.startswith("error: ") and "Traceback" not in err
 
 
-def test_the_jax_cache_route_logs_shared_store_problems_never_warns(tmp_path, caplog):
+def test_the_jax_cache_route_logs_shared_store_problems_never_warns(servers, tmp_path, caplog):
     """Inside JAX's cache a warning made an error by the user's filters would fail the call:
     the route logs (an unsigned shared store; a store that is down) instead."""
     import logging

@@ -8,7 +8,6 @@ verifies."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import random
@@ -16,27 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import kiln
 from kiln._entry import decode
 from kiln.stores import LocalStore, open_store
-
-
-def _load_servers():
-    name = "kiln_test_servers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-servers = _load_servers()
-redis_server, redis_url = servers.redis_server, servers.redis_url
 
 SECRET = "stress-secret"
 KEYS = 12  # overlapping: 8 processes share 12 keys

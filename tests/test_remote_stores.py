@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import importlib.util
 import json
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,24 +27,6 @@ from kiln.stores import _fsspec
 from kiln.stores._base import EntryStat, Leasable, Lease, Store
 from kiln.stores._fsspec import FsspecStore
 from kiln.stores._redis import RedisStore
-
-
-def _load_servers() -> ModuleType:
-    """``tests/servers.py``, loaded once per process under one name (test modules cannot
-    import each other under ``--import-mode=importlib``)."""
-    name = "kiln_test_servers"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-servers = _load_servers()
-redis_server, redis_url = servers.redis_server, servers.redis_url
-s3_server, s3_url = servers.s3_server, servers.s3_url
 
 BACKENDS = ["redis", "s3", "memory"]
 V = FORMAT_VERSION
@@ -407,7 +386,7 @@ def _remote_store(kind: str, host: str, port: int, **options: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["redis", "s3"])
-def test_a_hung_server_costs_one_timeout(kind: str) -> None:
+def test_a_hung_server_costs_one_timeout(servers, kind: str) -> None:
     with servers.hung_server() as hung:
         store = _remote_store(kind, hung.host, hung.port, timeout=0.5, connect_timeout=0.5)
         try:
@@ -423,7 +402,7 @@ def test_a_hung_server_costs_one_timeout(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["redis", "s3"])
-def test_a_closed_port_raises_oserror(kind: str) -> None:
+def test_a_closed_port_raises_oserror(servers, kind: str) -> None:
     store = _remote_store(kind, "127.0.0.1", servers.free_port(), timeout=0.5)
     try:
         for call in (lambda: store.get(key("a")), lambda: store.put(key("a"), b"blob"),
