@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -238,6 +239,8 @@ def test_remote_hit_is_copied_to_the_local_store(redis_url, tmp_path):
 
 
 def test_read_only_and_remote_only_modes(redis_url, tmp_path):
+    import redis
+
     x = jnp.arange(3.0)
     with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "a",
                              remote_mode="read-only"):
@@ -246,6 +249,14 @@ def test_read_only_and_remote_only_modes(redis_url, tmp_path):
         _run(x)
         assert list(store.remote.iter()) == []  # never published
         assert len(list(store.local.iter())) == 1
+        store.record_counts()  # (at exit): into the local store only, leases never remote
+        assert store.remote.counts() == {} and store.local.counts()["compiles"] >= 1
+        lease = store.lease("ab" * 32, 30)
+        assert lease.acquire()
+        client = redis.Redis.from_url(redis_url)
+        assert client.keys("kiln:*") == []  # no lease (nor anything else) in Redis
+        client.close()
+        lease.release()
     with kiln.config_context(store=redis_url, signing_key="k", cache_dir=tmp_path / "b",
                              remote_mode="remote-only"):
         store = open_store(kiln.get_config())
@@ -291,8 +302,43 @@ def test_a_remote_store_that_fails_warns_once_and_is_skipped(servers, how, tmp_p
 # -- signing -----------------------------------------------------------------------------------
 def test_a_remote_store_without_a_signing_key_warns_once(redis_url, tmp_path):
     with kiln.config_context(store=redis_url, cache_dir=tmp_path):
+        # where the user's code makes a kiln function (the first read may be inside JAX's
+        # cache, where kiln only logs)
         with pytest.warns(kiln.StoreWarning, match="anyone who can write to it can run code"):
-            _run(jnp.arange(2.0))
+            f = kiln.jit(_f)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process
+            f(jnp.arange(2.0))
+
+
+def test_a_worker_without_the_key_leaves_signed_entries_alone(redis_url, tmp_path, capsys):
+    """A misconfigured worker (no KILN_SIGNING_KEY) compiles for itself and never replaces
+    or deletes the fleet's signed entries."""
+    from kiln import _cli
+
+    x = jnp.arange(3.0)
+    with kiln.config_context(store=redis_url, signing_key="fleet", remote_mode="remote-only"):
+        want = _run(x)
+        remote = open_store(kiln.get_config(), layered=False)
+        (key,) = remote.iter()
+        signed = remote.get(key)
+    kiln.reset_stats()
+    with kiln.config_context(store=redis_url, remote_mode="remote-only"):
+        with pytest.warns(kiln.StoreWarning) as rec:
+            np.testing.assert_array_equal(_run(x), want)
+        texts = [str(w.message) for w in rec]
+        assert any("is not loaded (entry is signed but no signing_key" in t
+                   and "leaving the entry as it is" in t for t in texts), texts
+        assert kiln.stats().compiles == 1 and remote.get(key) == signed
+        # kiln verify --delete-bad without the key: reported as unverified, never deleted
+        assert _cli.main(["verify", "--delete-bad", "--store", redis_url]) == 1
+        out = capsys.readouterr().out
+        assert f"UNVERIFIED {key[:12]}" in out and "1 signed and not verified" in out
+        assert remote.get(key) == signed
+    kiln.reset_stats()
+    with kiln.config_context(store=redis_url, signing_key="fleet", remote_mode="remote-only"):
+        np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().hits == 1 and kiln.stats().compiles == 0
 
 
 def test_signed_remote_entries_tampered_or_foreign_are_never_loaded(redis_url, tmp_path):

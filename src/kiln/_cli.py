@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _config, _jax_cache, _stats
-from ._errors import KilnError
+from ._errors import KilnError, UnverifiableEntry
 
 __all__ = ["main"]
 
@@ -328,6 +328,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     results = []
     for key in sorted(store.iter()):
         reason: str | None = None
+        unverified = False  # signed, and no KILN_SIGNING_KEY here: never deleted
         function = "-"
         try:
             blob = read(key)
@@ -343,16 +344,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                 function = str(entry.header.get("function", "?"))
                 if entry.header.get("kind") == "verify-only" and "." not in function:
                     function = "-"  # an old marker: its "function" held the format version
+            except UnverifiableEntry as e:
+                reason, unverified = str(e), True
             except KilnError as e:
                 reason = str(e)
         deleted = False
-        if reason is not None and args.delete_bad:
+        if reason is not None and args.delete_bad and not unverified:
             try:
                 deleted = bool(store.delete(key))
             except OSError as e:
                 _note(f"error: cannot delete {key}: {e}")
         results.append({"key": key, "ok": reason is None, "function": function,
-                        "reason": reason, "deleted": deleted})
+                        "reason": reason, "deleted": deleted, "unverified": unverified})
     for path in _strays(store):
         deleted = False
         kind = "a directory" if path.is_dir() else "not named like an entry key"
@@ -363,28 +366,35 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             except OSError as e:
                 _note(f"error: cannot remove {path}: {e}")
         results.append({"key": str(path), "ok": False, "function": "-",
-                        "reason": f"stray: {kind}", "deleted": deleted})
-    bad = [r for r in results if not r["ok"]]
+                        "reason": f"stray: {kind}", "deleted": deleted, "unverified": False})
+    bad = [r for r in results if not r["ok"] and not r["unverified"]]
+    unchecked = [r for r in results if r["unverified"]]
     if args.json:
         _say(json.dumps({
             "store": store.url,
             "entries": results,
-            "ok": len(results) - len(bad),
+            "ok": len(results) - len(bad) - len(unchecked),
             "bad": len(bad),
+            "unverified": len(unchecked),
             "deleted": sum(r["deleted"] for r in results),
         }, indent=2))
     else:
         for r in results:
             if r["ok"]:
                 _say(f"ok {r['key'][:12]} {r['function']}")
+            elif r["unverified"]:
+                _say(f"UNVERIFIED {r['key'][:12]} {r['reason']}")
             else:
                 key = r["key"] if r["reason"].startswith("stray") else r["key"][:12]
                 _say(f"BAD {key} {r['reason']}" + (" (deleted)" if r["deleted"] else ""))
-        summary = f"{_entries(len(results))}: {len(results) - len(bad)} ok, {len(bad)} bad"
+        ok = len(results) - len(bad) - len(unchecked)
+        summary = f"{_entries(len(results))}: {ok} ok, {len(bad)} bad"
+        if unchecked:
+            summary += f", {len(unchecked)} signed and not verified (set KILN_SIGNING_KEY)"
         if args.delete_bad:
             summary += f", {sum(r['deleted'] for r in results)} deleted"
         _say(summary)
-    return 1 if bad else 0
+    return 1 if bad or unchecked else 0
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:

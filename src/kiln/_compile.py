@@ -29,7 +29,7 @@ import numpy as np
 from . import _args, _explain, _jax_compat, _noinline_p, _stats
 from ._config import get_config
 from ._entry import decode, encode
-from ._errors import EntryError, StoreError, StoreWarning, VerifyError
+from ._errors import EntryError, StoreError, StoreWarning, UnverifiableEntry, VerifyError
 from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
 from ._jax_cache import kiln_compiling
 from ._key import environment_parts, make_key
@@ -344,6 +344,7 @@ class _Miss:
         # keys whose stored entry was found stale or unusable: written with the store's
         # replace (a remote store's put is create-only)
         self.replace_keys: set[str] = set()
+        self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
         self._quiet = False  # polling for another process's entry: no miss explanations
         structure, aux = _treedef_parts(treedef)
         self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
@@ -422,13 +423,13 @@ class _Miss:
                              "and recompile)")
         warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=user_stacklevel())
 
-    def _bad_entry(self, message: str) -> None:
+    def _bad_entry(self, message: str, then: str = "recompiling and replacing it") -> None:
         """Count and warn about a bad entry, once per key (not again when single-flight
         looks at the same entry once more)."""
         if self._quiet:
             return
         _stats.bump(bad_entries=1)
-        self._warn(message, "recompiling and replacing it")
+        self._warn(message, then)
 
     def _store_fault(self, doing: str, e: BaseException) -> None:
         store_fault(self.store, doing, e, strict=self.cfg.strict)
@@ -554,7 +555,7 @@ class _Miss:
                 self._explain_persistent_miss(key)
             return _ABSENT
         got = self._use(key, blob, t_start)
-        if got.outcome in (Outcome.STALE, Outcome.UNUSABLE):
+        if got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and key not in self.keep_keys:
             self.replace_keys.add(key)
         return got
 
@@ -566,6 +567,14 @@ class _Miss:
             if entry.header.get("key") != key:
                 # a valid entry stored under another key (a swapped or copied file)
                 raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
+        except UnverifiableEntry as e:
+            # most likely a good entry of a signed fleet store, and this process the one
+            # without the key: compile here, and leave the entry alone (never replaced)
+            self.keep_keys.add(key)
+            self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} "
+                            f"is not loaded ({e})", then="compiling here, leaving the entry as "
+                            "it is")
+            return _UNUSABLE
         except EntryError as e:
             self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} "
                             f"is unusable ({e})")
@@ -748,7 +757,8 @@ class _Miss:
                 except (OSError, StoreError) as e:
                     logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
                     return None, None
-                # (again after taking the lease: the entry may have arrived since the miss)
+                if held and not waited:
+                    return None, lease  # (taken at once: nobody was compiling it)
                 self._quiet = True
                 try:
                     got = self._load(key, t_start)

@@ -34,7 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import EntryError
+from ._errors import EntryError, UnverifiableEntry
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header"]
 
@@ -92,20 +92,20 @@ def decode(blob: bytes, *, signing_key: str | None, old_keys: tuple[str, ...] = 
     ``KILN_SIGNING_KEYS_OLD``); none of them is tried when ``signing_key`` is unset.
 
     Raises:
-        EntryError: truncated, foreign, other format version, unsigned when a key is configured
-            (or signed when none is), or a digest mismatch (corrupt or tampered).
+        EntryError: truncated, foreign, other format version, unsigned when a key is configured,
+            or a digest mismatch (corrupt or tampered).
+        UnverifiableEntry: signed, and no key is configured.
     """
     view = memoryview(blob)
     hlen, plen, kind = _check_prefix(view)
     end = _PREFIX.size + hlen + plen
     if len(view) != end + _DIGEST_SIZE:
         raise EntryError(f"entry is truncated or padded ({len(view)} bytes, expected {end + 32})")
-    if kind != (1 if signing_key else 0):
-        raise EntryError(
-            "entry is signed but no signing_key is configured"
-            if kind
-            else "entry is not signed but a signing_key is configured"
-        )
+    if kind and not signing_key:
+        raise UnverifiableEntry("entry is signed but no signing_key is configured "
+                                "(set KILN_SIGNING_KEY to the key it was signed with)")
+    if not kind and signing_key:
+        raise EntryError("entry is not signed but a signing_key is configured")
     body, want = view[:end], bytes(view[end:])
     keys = (signing_key, *old_keys) if signing_key else (None,)
     if not any(hmac.compare_digest(digest(body, k), want) for k in keys):

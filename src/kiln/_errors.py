@@ -38,6 +38,12 @@ class EntryError(StoreError):
     """An entry failed to decode: bad magic, other format version, truncated, or bad digest."""
 
 
+class UnverifiableEntry(EntryError):
+    """An entry is signed but this process has no signing key (``KILN_SIGNING_KEY``) to check
+    it with: never decoded, and never replaced or deleted by this process (it is most likely
+    good; this process is the one misconfigured)."""
+
+
 class BundleError(KilnError):
     """A bundle (:func:`kiln.export_entries`, :func:`kiln.import_entries`) is refused as a whole
     (truncated, foreign, other format version, digest or signature mismatch, malformed), or an

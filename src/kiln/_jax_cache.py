@@ -42,7 +42,7 @@ import jaxlib
 from . import _jax_compat, _stats
 from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
-from ._errors import EntryError, StoreError
+from ._errors import EntryError, KilnError, StoreError, UnverifiableEntry
 from ._key import make_key
 from .stores import Held, Leasable, open_store, reporting, store_fault
 
@@ -182,7 +182,8 @@ def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
             raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
         value = entry.sections["jax"]
     except (EntryError, KeyError) as e:
-        _unusable.add(key)
+        if not isinstance(e, UnverifiableEntry):  # (a signed entry this process cannot check
+            _unusable.add(key)                    # is left alone: never replaced)
         _stats.bump(bad_entries=1)
         # logged, not warned: this runs inside JAX's cache, where a warning turned into an
         # error (pytest's filterwarnings = error) would fail the user's call before the
@@ -224,7 +225,10 @@ def _await_or_lease(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | Non
             held = lease.acquire()
         except (OSError, StoreError):
             return None
-        value = _read_value(store, key, jax_key, cfg)  # (it may have arrived since the miss)
+        if held and not waited:  # taken at once: nobody was compiling it
+            _held.item = (key, Held(lease, cfg.lease_seconds))
+            return None
+        value = _read_value(store, key, jax_key, cfg)
         if value is not None:
             if held:
                 with contextlib.suppress(Exception):
@@ -378,7 +382,13 @@ def disable_jax_cache() -> None:
 def enable_by_default() -> None:
     """The route for a process that uses :func:`kiln.jit`, unless ``KILN_JAX_CACHE=0`` or the
     user set their own ``jax_compilation_cache_dir``."""
-    if _turned_off or is_enabled() or not get_config().jax_cache:
+    cfg = get_config()
+    if cfg.store and "://" in cfg.store and not cfg.signing_key:
+        # the unsigned-shared-store notice as a warning here, where the user's code creates a
+        # kiln.jit function: inside JAX's cache (the route's first read) it could only be logged
+        with contextlib.suppress(OSError, KilnError):
+            open_store(cfg)
+    if _turned_off or is_enabled() or not cfg.jax_cache:
         return
     try:
         enable_jax_cache()

@@ -208,7 +208,8 @@ class LayeredStore:
 
     def lease(self, key: str, seconds: float) -> Lease:
         """A lease on ``key`` in the remote store (one compile across hosts), falling back to
-        the local store's (one compile on this host) once the remote one fails."""
+        the local store's (one compile on this host) once the remote one fails, and always
+        for a read-only worker (it writes nothing to the remote store, leases included)."""
         local = self.local.lease(key, seconds) if isinstance(self.local, Leasable) else None
         remote = self.remote.lease(key, seconds) if isinstance(self.remote, Leasable) else None
         return _LayeredLease(self, remote, local)
@@ -227,7 +228,8 @@ class LayeredStore:
             return
         for store in (self.local, self.remote):
             add = getattr(store, "add_counts", None)
-            if add is None or (store is self.remote and (self.dead or self.unwritable)):
+            if add is None or (store is self.remote and (self.dead or self.unwritable
+                                                          or self.read_only)):
                 continue
             with contextlib.suppress(Exception):
                 _call_bounded(add, (counts,), min(timeout, self.timeout))
@@ -255,7 +257,8 @@ class _LayeredLease:
 
     def _current(self) -> Lease | None:
         store = self._store
-        if self._remote is not None and store.dead is None and store.unwritable is None:
+        if (self._remote is not None and store.dead is None and store.unwritable is None
+                and not store.read_only):  # (a read-only worker publishes nothing to wait on)
             return self._remote
         return self._local
 

@@ -158,6 +158,9 @@ class RedisStore:
         except exc.TimeoutError as e:
             raise TimeoutError(errno.ETIMEDOUT, f"{doing} redis store {self.url}: no answer in "
                                f"{self.timeout:g} s ({self._clean(e)})") from None
+        except exc.AuthenticationError as e:  # (a ConnectionError in redis-py)
+            raise PermissionError(errno.EACCES, f"{doing} redis store {self.url}: "
+                                  f"{self._clean(e)}") from None
         except exc.ConnectionError as e:
             raise ConnectionError(errno.ECONNREFUSED, f"{doing} redis store {self.url}: "
                                   f"{self._clean(e)}") from None
