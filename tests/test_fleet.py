@@ -512,3 +512,91 @@ def test_the_jax_cache_route_logs_shared_store_problems_never_warns(servers, tmp
     assert "KILN_SIGNING_KEY is not set" in caplog.text
     assert "skipping it for the rest of this process" in caplog.text
     assert kiln.stats().remote_errors == 1 and kiln.stats().jax_cache_writes >= 1
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("redis://", "names no host"),
+    ("redis://127.0.0.1:99999/0", "port must be a number"),
+    ("redis://h:notaport/0", "port must be a number"),
+    ("redis://h:6379/x", "database must be a number"),
+    ("s3://", "names no bucket"),
+    ("redis://user:hunter2@h:99999/0", "redis://user:\\*\\*\\*@h"),
+])
+def test_a_bad_store_url_is_a_config_error_naming_the_variable(url, problem, monkeypatch):
+    monkeypatch.setenv("KILN_STORE", url)
+    with pytest.raises(kiln.ConfigError, match=f"KILN_STORE=.*{problem}") as e:
+        kiln.get_config()
+    assert "hunter2" not in str(e.value)
+
+
+@pytest.mark.parametrize("var, value", [("KILN_LEASE_SECONDS", "1e300"),
+                                        ("KILN_REMOTE_TIMEOUT", "1e12"),
+                                        ("KILN_LEASE_WAIT", "-3")])
+def test_lease_and_timeout_settings_are_bounded(var, value, monkeypatch):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(kiln.ConfigError, match=f"{var} must be a number of seconds above 0"):
+        kiln.get_config()
+
+
+def test_old_signing_keys_need_a_current_one(monkeypatch):
+    monkeypatch.setenv("KILN_SIGNING_KEYS_OLD", "k1")
+    with pytest.raises(kiln.ConfigError, match="set KILN_SIGNING_KEY"):
+        kiln.get_config()
+
+
+def test_a_bad_setting_never_escapes_into_jax_s_cache(monkeypatch, caplog):
+    """The kiln:// route with a bad KILN_STORE: plain jax.jit still works under -W error."""
+    import logging
+
+    import jax
+
+    assert kiln.enable_jax_cache()
+    try:
+        monkeypatch.setenv("KILN_STORE", "redis://127.0.0.1:99999/0")
+        with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="kiln"):
+            warnings.simplefilter("error")
+            y = jax.jit(lambda x: x * 5.0 - 1.0)(np.arange(4.0, dtype=np.float32))
+    finally:
+        kiln.disable_jax_cache()
+    np.testing.assert_array_equal(y, np.arange(4.0) * 5.0 - 1.0)
+    assert "JAX cache route cannot read" in caplog.text and "KILN_STORE" in caplog.text
+
+
+def test_a_redis_key_of_another_type_is_one_bad_entry_replaced(redis_url, tmp_path):
+    import redis
+
+    x = jnp.arange(3.0)
+    with kiln.config_context(store=redis_url, signing_key="k", remote_mode="remote-only"):
+        want = _run(x)
+        remote = open_store(kiln.get_config(), layered=False)
+        (key,) = remote.iter()
+        client = redis.Redis.from_url(redis_url)
+        client.delete(f"kiln:v2:entry:{key}")
+        client.hset(f"kiln:v2:entry:{key}", "not", "an entry")  # a hash where an entry goes
+        kiln.reset_stats()
+        with pytest.warns(kiln.StoreWarning, match="unusable"):
+            np.testing.assert_array_equal(_run(x), want)
+        s = kiln.stats()
+        assert s.bad_entries == 1 and s.compiles == 1 and s.remote_errors == 0
+        assert client.type(f"kiln:v2:entry:{key}") == b"string"  # replaced
+        client.close()
+        kiln.reset_stats()
+        np.testing.assert_array_equal(_run(x), want)
+        assert kiln.stats().hits == 1
+
+
+def test_an_empty_object_in_a_bucket_is_listed_not_fatal(s3_url, tmp_path, capsys, monkeypatch):
+    import json
+
+    from kiln import _cli
+
+    monkeypatch.setenv("KILN_SIGNING_KEY", "k")
+    with kiln.config_context(store=s3_url, signing_key="k", remote_mode="remote-only"):
+        _run(jnp.arange(3.0))
+        remote = open_store(kiln.get_config(), layered=False)
+        (key,) = remote.iter()
+        remote.replace(key, b"")
+    assert _cli.main(["ls", "--json", "--store", s3_url]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["key"] for r in rows] == [key]
+    assert _cli.main(["stats", "--store", s3_url]) == 0

@@ -184,6 +184,10 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
                 "directory path, or a URL such as redis://host:6379/0 or s3://bucket/prefix"
             )
         scheme = text.partition("://")[0].lower() if "://" in text else ""
+        problem = _url_problem(scheme, text)
+        if problem is not None:
+            where = "KILN_STORE" if from_env else "store"
+            raise ConfigError(f"{where}={_redacted(text)!r}: {problem}")
         if scheme and not _known_scheme(scheme):
             where = "KILN_STORE" if from_env else "store"
             raise ConfigError(
@@ -204,8 +208,9 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             seconds = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where} must be a number of seconds, got {value!r}") from None
-        if not seconds > 0 or seconds == float("inf"):
-            raise ConfigError(f"{where} must be a positive number of seconds, got {value!r}")
+        if not 0 < seconds <= _MAX_SECONDS:
+            raise ConfigError(f"{where} must be a number of seconds above 0 and at most "
+                              f"{_MAX_SECONDS:g} (a year), got {value!r}")
         return seconds
     if name == "signing_keys_old":
         if value in (None, ""):
@@ -215,6 +220,43 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
     if name == "signing_key":
         return None if value in (None, "") else str(value)
     raise AssertionError(name)  # pragma: no cover
+
+
+_MAX_SECONDS = 365 * 86400.0  # (thread waits and Redis expiries overflow far above this)
+_OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl")
+
+
+def _url_problem(scheme: str, text: str) -> str | None:
+    """What is wrong with a Redis or object-store URL that its library would only find (or
+    silently default) later, or None."""
+    from urllib.parse import urlsplit
+
+    if scheme in ("redis", "rediss"):
+        parts = urlsplit(text)
+        try:
+            port = parts.port
+        except ValueError:
+            return "the port must be a number from 1 to 65535 (redis://host:6379/0)"
+        if not parts.hostname:
+            return "the URL names no host; use redis://host:port/db"
+        if port == 0:
+            return "the port must be a number from 1 to 65535 (redis://host:6379/0)"
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            return f"the database must be a number (redis://host:port/0), got {db!r}"
+    elif scheme in _OBJECT_STORES and not urlsplit(text).netloc:
+        return f"the URL names no bucket; use {scheme}://bucket/prefix"
+    return None
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
 
 
 def _known_scheme(scheme: str) -> bool:
@@ -243,6 +285,10 @@ def get_config() -> Config:
     values.update(_overrides)
     values.update(_context.get())
     values.setdefault("cache_dir", _default_cache_dir())
+    if values.get("signing_keys_old") and not values.get("signing_key"):
+        raise ConfigError("KILN_SIGNING_KEYS_OLD (signing_keys_old) is set but KILN_SIGNING_KEY "
+                          "(signing_key) is not: old keys are only read beside a current key; "
+                          "set KILN_SIGNING_KEY to the key entries are signed with now")
     return Config(**values)
 
 

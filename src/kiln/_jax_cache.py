@@ -135,7 +135,7 @@ class StorePath:
     def write_bytes(self, data: bytes) -> int:
         jax_key = _jax_key(self.name)
         if jax_key is not None and not getattr(_local, "own", False):
-            with reporting(logger.warning):  # inside JAX's cache: logged, never warned
+            with reporting(logger.warning), _never_raises("write"):  # inside JAX's cache
                 _write(jax_key, bytes(data))
         return len(data)
 
@@ -147,10 +147,28 @@ class StorePath:
             _local.last = None
             return last[1]  # type: ignore[no-any-return]
         jax_key = _jax_key(self.name)
-        with reporting(logger.warning):  # inside JAX's cache: logged, never warned
+        value = None
+        with reporting(logger.warning), _never_raises("read"):  # inside JAX's cache
             value = None if jax_key is None else _read(jax_key)
         _local.last = (self._text, value) if value is not None else None
         return value
+
+
+_logged: set[str] = set()  # configuration problems the route logged (once each)
+
+
+@contextlib.contextmanager
+def _never_raises(doing: str) -> Iterator[None]:
+    """kiln's own errors (a bad setting, a store that cannot be opened) stay out of JAX's
+    cache: logged once each (the next kiln.jit call raises them where the user sees them);
+    JAX then compiles as if the cache missed."""
+    try:
+        yield
+    except KilnError as e:
+        text = f"kiln: JAX cache route cannot {doing} ({e}); JAX compiles without it"
+        if text not in _logged:
+            _logged.add(text)
+            logger.warning("%s", text)
 
 
 def _jax_key(name: str) -> str | None:

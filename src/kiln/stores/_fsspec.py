@@ -117,6 +117,12 @@ def _is_timeout(e: BaseException) -> bool:
     return isinstance(e, TimeoutError) or any("Timeout" in c.__name__ for c in type(e).__mro__)
 
 
+def _is_empty_range(e: BaseException) -> bool:
+    """An object store's "range not satisfiable" answer (HTTP 416), as a ranged read of an
+    empty object gets."""
+    return _error_code(e) == "InvalidRange" or "not satisfiable" in str(e).lower()
+
+
 def _error_code(e: BaseException) -> str:
     """The S3 error code (``"SlowDown"``) of a botocore ``ClientError`` or of the ``OSError``
     s3fs made of one; ``""`` when there is none."""
@@ -198,7 +204,11 @@ class FsspecStore:
             config = {"connect_timeout": connect_timeout, "read_timeout": timeout,
                       # botocore's max_attempts counts retries; total_max_attempts all tries
                       "retries": {"total_max_attempts": 1}}
-            config.update(options.get("config_kwargs") or {})
+            try:
+                config.update(options.get("config_kwargs") or {})
+            except (TypeError, ValueError) as e:
+                raise StoreError(f"kiln store {self.url!r}: the fsspec option config_kwargs "
+                                 f"(FSSPEC_S3_CONFIG_KWARGS) must be a mapping ({e})") from None
             options["config_kwargs"] = config
         options["skip_instance_cache"] = True  # our own instance: our timeouts, no retries
         options.setdefault("use_listings_cache", False)  # others write here too
@@ -309,6 +319,10 @@ class FsspecStore:
             if _error_code(e) == "NoSuchBucket":
                 raise  # a store that is not there, not a missing entry
             return None
+        except OSError as e:
+            if not start and _is_empty_range(e):
+                return b""  # a ranged read of an empty object (S3 answers 416)
+            raise
 
     def _listing(self, folder: str) -> dict[str, Mapping[str, Any]]:
         """path -> info of every file under ``folder`` (nothing when it is missing)."""

@@ -34,6 +34,7 @@ from ._faults import store_fault
 __all__ = ["LayeredStore"]
 
 T = TypeVar("T")
+_MIN_RATE = 1024 * 1024  # bytes per second an upload may take beyond the timeout
 # a write refused for good (full, read-only, not allowed): stop writing, keep reading
 _REFUSED_WRITES = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 _SKIPPED: Any = object()  # the remote store was skipped (dead, or the operation failed)
@@ -97,9 +98,11 @@ class LayeredStore:
         ``write``: once writes were refused)."""
         if self.dead is not None or (write and self.unwritable is not None):
             return _SKIPPED  # type: ignore[no-any-return]
+        # the backend's own timeouts fire first; this bound catches what they miss (an upload
+        # gets a second more per MiB, as the fsspec store's own deadline does)
+        size = sum(len(a) for a in args if isinstance(a, bytes | bytearray | memoryview))
         try:
-            # the backend's own timeouts fire first; this bound catches what they miss
-            return _call_bounded(fn, args, self.timeout + 1.0)
+            return _call_bounded(fn, args, self.timeout + 1.0 + size / _MIN_RATE)
         except Exception as e:  # noqa: BLE001 - any failure of a cache must not stop the program
             self._fault(doing, e, write=write)
             return _SKIPPED  # type: ignore[no-any-return]

@@ -54,6 +54,16 @@ def _looks_like_key(name: str) -> bool:
     return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
 
 
+def _wrong_type(e: BaseException) -> bool:
+    """Redis's reply to a string command on a key of another type (a hash, a list, ...)."""
+    return str(e).startswith("WRONGTYPE")
+
+
+def _exists(store: RedisStore, name: str) -> bool:
+    with store._errors("read from"):
+        return bool(store._redis.exists(name))
+
+
 def redact_url(url: str) -> str:
     """``url`` without its password (in the authority or a ``password=`` query parameter).
 
@@ -215,7 +225,12 @@ class RedisStore:
         """The blob under ``key``, or ``None``. ``GET`` also marks it used (Redis's LRU)."""
         name = self._entry(key)
         with self._errors("read from"):
-            data = self._redis.get(name)
+            try:
+                data = self._redis.get(name)
+            except self._exc.ResponseError as e:
+                if not _wrong_type(e):
+                    raise
+                return b""  # not a string: a bad entry of this key (kiln replaces it)
         return None if data is None else bytes(data)
 
     def peek(self, key: str) -> bytes | None:
@@ -225,6 +240,8 @@ class RedisStore:
         with self._errors("read from"):
             (data,) = self._untouched(("GET", name))
             if isinstance(data, BaseException):
+                if _wrong_type(data):
+                    return b""  # not a string: a bad entry (kiln verify lists it)
                 raise data
         return None if data is None else bytes(data)
 
@@ -276,8 +293,10 @@ class RedisStore:
             idle, size, head = self._untouched(("OBJECT", "IDLETIME", name), ("STRLEN", name),
                                                ("GETRANGE", name, 0, _HEADER_READ - 1))
             if isinstance(size, BaseException):
-                raise size
-        if not size:
+                if not _wrong_type(size):
+                    raise size
+                size, head = 0, b""  # not a string: listed as an empty (bad) entry
+        if size is None or (not size and not _exists(self, name)):
             return None
         now = time.time()
         created = now
@@ -294,6 +313,8 @@ class RedisStore:
         with self._errors("read from"):
             (head,) = self._untouched(("GETRANGE", name, 0, _HEADER_READ - 1))
             if isinstance(head, BaseException):
+                if _wrong_type(head):
+                    return None
                 raise head
         if not head:
             return None
