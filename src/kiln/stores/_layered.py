@@ -59,7 +59,10 @@ def _call_bounded(fn: Callable[..., T], args: tuple[Any, ...], timeout: float) -
         finally:
             done.set()
 
-    threading.Thread(target=run, name="kiln-remote", daemon=True).start()
+    try:
+        threading.Thread(target=run, name="kiln-remote", daemon=True).start()
+    except RuntimeError:  # at interpreter exit (3.12+ starts no new threads): the backend's
+        return fn(*args)  # own timeouts bound the call
     if not done.wait(timeout):
         raise TimeoutError(f"no answer in {timeout:g} s")
     ok, value = out[0]
