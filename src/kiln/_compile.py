@@ -34,7 +34,16 @@ from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_f
 from ._jax_cache import kiln_compiling
 from ._key import environment_parts, make_key
 from ._progress import compiling
-from .stores import Held, Leasable, Lease, Store, open_store, store_fault, user_stacklevel
+from .stores import (
+    Held,
+    Leasable,
+    Lease,
+    Store,
+    await_or_lease,
+    open_store,
+    store_fault,
+    user_stacklevel,
+)
 
 logger = logging.getLogger("kiln")
 
@@ -747,50 +756,34 @@ class _Miss:
             # (a read-only store: no lease, and its put will say why it cannot store)
             logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
             return None, None
-        deadline = time.monotonic() + cfg.lease_wait
-        pause = 0.05
-        waited = 0.0
-        with contextlib.ExitStack() as showing:
-            while True:
-                try:
-                    held = lease.acquire()
-                except (OSError, StoreError) as e:
-                    logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
-                    return None, None
-                if held and not waited:
-                    return None, lease  # (taken at once: nobody was compiling it)
-                self._quiet = True
-                try:
-                    got = self._load(key, t_start)
-                finally:
-                    self._quiet = False
-                if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY):
-                    if held:
-                        with contextlib.suppress(OSError, StoreError):
-                            lease.release()
-                    return got, None
-                if held:
-                    if waited:
-                        _stats.bump(lease_takeovers=1)
-                        self._explain("single-flight", f"{key[:12]}: the other process's lease "
-                                      "ended without its entry; compiling it here")
-                    return None, lease
-                if got.outcome not in (Outcome.ABSENT, Outcome.STALE):
-                    return None, None  # unusable: compile here (warned in _load)
-                if not waited:
-                    _stats.bump(lease_waits=1)
-                    self._explain("single-flight", f"another process is compiling {key[:12]} "
-                                  f"({self.signature}); waiting for its entry")
-                    showing.enter_context(compiling(
-                        f"{self.jf._name} ({self.signature})", cfg.progress,
-                        doing="waiting for another process compiling"))
-                if time.monotonic() > deadline:
-                    self._explain("single-flight", f"waited {cfg.lease_wait:g} s for another "
-                                  f"process compiling {key[:12]}; compiling it here")
-                    return None, None
-                time.sleep(pause)
-                waited += pause
-                pause = min(pause * 1.5, 0.5, cfg.lease_seconds / 4)
+
+        def look() -> tuple[bool, Loaded | None]:
+            self._quiet = True  # (polling: no miss explanations, no second warning)
+            try:
+                got = self._load(key, t_start)
+            finally:
+                self._quiet = False
+            if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY):
+                return True, got
+            return got.outcome not in (Outcome.ABSENT, Outcome.STALE), None
+
+        def waiting() -> contextlib.AbstractContextManager[None]:
+            self._explain("single-flight", f"another process is compiling {key[:12]} "
+                          f"({self.signature}); waiting for its entry")
+            return compiling(f"{self.jf._name} ({self.signature})", cfg.progress,
+                             doing="waiting for another process compiling")
+
+        try:
+            flight = await_or_lease(lease, look, seconds=cfg.lease_seconds,
+                                    wait=cfg.lease_wait, waiting=waiting)
+        except (OSError, StoreError) as e:
+            logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
+            return None, None
+        if flight.waited and flight.found is None:
+            self._explain("single-flight", f"{key[:12]}: no entry from the other process "
+                          f"({'its lease ended' if flight.held else 'stopped waiting'}); "
+                          "compiling it here")
+        return flight.found, lease if flight.held else None
 
     def _compile_and_store(
         self, key: str, manifest: list[list[str]] | None, t_start: float, *, leased: bool = False

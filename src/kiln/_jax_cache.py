@@ -44,7 +44,7 @@ from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
 from ._errors import EntryError, KilnError, StoreError, UnverifiableEntry
 from ._key import make_key
-from .stores import Held, Leasable, open_store, reporting, store_fault
+from .stores import Held, Leasable, await_or_lease, open_store, reporting, store_fault
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -236,36 +236,20 @@ def _await_or_lease(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | Non
         lease = store.lease(key, cfg.lease_seconds)
     except (OSError, StoreError, ValueError):
         return None
-    deadline = time.monotonic() + cfg.lease_wait
-    pause, waited = 0.05, False
-    while True:
-        try:
-            held = lease.acquire()
-        except (OSError, StoreError):
-            return None
-        if held and not waited:  # taken at once: nobody was compiling it
-            _held.item = (key, Held(lease, cfg.lease_seconds))
-            return None
+
+    def look() -> tuple[bool, bytes | None]:
         value = _read_value(store, key, jax_key, cfg)
-        if value is not None:
-            if held:
-                with contextlib.suppress(Exception):
-                    lease.release()
-            return value
-        if held:
-            if waited:
-                _stats.bump(lease_takeovers=1)
-            _held.item = (key, Held(lease, cfg.lease_seconds))
-            return None
-        if not waited:
-            waited = True
-            _stats.bump(lease_waits=1)
-            logger.debug("kiln: another process is compiling %s (JAX cache); waiting",
-                         _module_name(jax_key))
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.5, cfg.lease_seconds / 4)
+        return value is not None, value
+
+    try:
+        flight = await_or_lease(lease, look, seconds=cfg.lease_seconds, wait=cfg.lease_wait)
+    except (OSError, StoreError):
+        return None
+    if flight.held:
+        _held.item = (key, Held(lease, cfg.lease_seconds))
+    elif flight.waited and flight.found is None:
+        logger.debug("kiln: stopped waiting for %s (JAX cache)", _module_name(jax_key))
+    return flight.found  # type: ignore[no-any-return]
 
 
 def _write(jax_key: str, value: bytes) -> None:

@@ -18,14 +18,16 @@ from ._faults import reporting as reporting
 from ._faults import store_fault as store_fault
 from ._faults import user_stacklevel as user_stacklevel
 from ._layered import LayeredStore as LayeredStore
+from ._lease import Flight as Flight
 from ._lease import Held as Held
+from ._lease import await_or_lease as await_or_lease
 from ._local import LocalStore as LocalStore
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
-__all__ = ["EntryStat", "Held", "LayeredStore", "Leasable", "Lease", "LocalStore", "MemoryStore",
-           "NullStore", "Store", "open_store", "reporting", "store_fault",
-           "user_stacklevel"]
+__all__ = ["EntryStat", "Flight", "Held", "LayeredStore", "Leasable", "Lease", "LocalStore",
+           "MemoryStore", "NullStore", "Store", "await_or_lease", "open_store", "reporting",
+           "store_fault", "user_stacklevel"]
 
 _cache: dict[tuple[Any, ...], Store] = {}
 _lock = threading.Lock()

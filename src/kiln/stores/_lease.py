@@ -1,13 +1,77 @@
-"""Holding a lease: renewed on a thread while the holder compiles, released when done."""
+"""Single-flight with leases: wait for another process's compile or take the key
+(:func:`await_or_lease`), and hold a lease while compiling (:class:`Held`)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from .. import _stats
 from ._base import Lease
 
-__all__ = ["Held"]
+__all__ = ["Flight", "Held", "await_or_lease"]
+
+
+@dataclass(frozen=True)
+class Flight:
+    """How :func:`await_or_lease` ended: ``found`` (what another process stored, or None),
+    ``held`` (this process holds the lease: it compiles), ``waited`` (it waited first)."""
+
+    found: Any
+    held: bool
+    waited: bool
+
+
+def await_or_lease(
+    lease: Lease, look: Callable[[], tuple[bool, Any]], *, seconds: float, wait: float,
+    waiting: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+) -> Flight:
+    """Take ``lease`` (never blocking), or wait while another process holds it.
+
+    ``look()`` reads the store: ``(True, value)`` another process's result (stop),
+    ``(True, None)`` stop and compile here without the lease (an unusable entry), ``(False,
+    None)`` nothing yet. A lease taken at once is returned without a look (the store was
+    read just before); after waiting, the store is looked at again once the lease is taken
+    (the holder may have written and released). Polls every 50 ms growing to 0.5 s (at most a
+    quarter of ``seconds``); gives up after ``wait`` seconds. ``waiting()``: a context
+    entered when the waiting starts (a progress line). Counts ``lease_waits`` and
+    ``lease_takeovers``.
+
+    Raises:
+        OSError, StoreError: the store failed to answer ``acquire`` (callers compile without a
+            lease).
+    """
+    deadline = time.monotonic() + wait
+    pause, waited = 0.05, False
+    with contextlib.ExitStack() as showing:
+        while True:
+            held = lease.acquire()
+            if held and not waited:
+                return Flight(None, True, False)
+            stop, found = look()
+            if found is not None:
+                if held:
+                    with contextlib.suppress(Exception):
+                        lease.release()
+                return Flight(found, False, waited)
+            if held:
+                _stats.bump(lease_takeovers=1)
+                return Flight(None, True, True)
+            if stop:
+                return Flight(None, False, waited)
+            if not waited:
+                waited = True
+                _stats.bump(lease_waits=1)
+                if waiting is not None:
+                    showing.enter_context(waiting())
+            if time.monotonic() > deadline:
+                return Flight(None, False, True)
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5, seconds / 4)
 
 
 class Held:
