@@ -201,6 +201,42 @@ def test_kiln_jit_process_routes_jax_cache_by_default_but_not_kiln_s_own_compile
     assert off["routed"] is False and off["writes"] == 0
 
 
+def test_jax_never_serializes_kiln_s_own_executable(kiln_store, monkeypatch):
+    """JAX serializes and compresses an executable before the route's write, which drops the
+    value of kiln's own compile (kiln's entry holds it): so kiln's compile tells JAX to write
+    nothing, in that thread only, and the executable is serialized once, by kiln."""
+    from jax._src import compilation_cache
+
+    serialized = []
+    real = compilation_cache.put_executable_and_time
+
+    def counting(cache_key, module_name, *args, **kwargs):
+        serialized.append(module_name)
+        return real(cache_key, module_name, *args, **kwargs)
+
+    monkeypatch.setattr(compilation_cache, "put_executable_and_time", counting)
+    assert kiln.enable_jax_cache() is True
+    try:
+        @kiln.jit
+        def own_program(x):
+            return jnp.tanh(x) * 3.0
+
+        @jax.jit
+        def plain_program(x):
+            return jnp.tanh(x) * 5.0
+
+        x = jnp.arange(4.0)
+        assert own_program(x).tolist() == (jnp.tanh(x) * 3.0).tolist()
+        assert plain_program(x).tolist() == (jnp.tanh(x) * 5.0).tolist()
+        assert kiln.stats().compiles == 1 and kiln.stats().stores_written == 1
+        assert "jit_plain_program" in serialized  # plain jax.jit: routed as before
+        assert not any("own_program" in name for name in serialized), serialized
+        # the override was thread-local and is gone: JAX writes what it compiles again
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0
+    finally:
+        kiln.disable_jax_cache()
+
+
 def test_enable_and_disable_in_process(kiln_store):
     before = {name: getattr(jax.config, name) for name in _jax_cache._SETTINGS}
     assert kiln.enable_jax_cache() is True

@@ -26,7 +26,7 @@ import jax
 import jax.extend.core as jex
 import numpy as np
 
-from . import _args, _explain, _jax_compat, _noinline_p, _stats
+from . import _args, _explain, _gc, _jax_compat, _noinline_p, _stats
 from ._config import get_config
 from ._entry import decode, encode
 from ._errors import EntryError, StoreError, StoreWarning, UnverifiableEntry, VerifyError
@@ -180,7 +180,7 @@ def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
     inlined.__name__ = inlined.__qualname__ = miss.jf._name
     args_info = jax.tree_util.tree_leaves(miss.traced.args_info)
     donate = tuple(i for i, a in enumerate(args_info) if a.donated)
-    with _noinline_p.inlining():
+    with _noinline_p.inlining(), _gc.relaxed():
         return jax.jit(inlined, donate_argnums=donate).trace(*args).lower()
 
 
@@ -451,7 +451,7 @@ class _Miss:
     def _trace(self) -> jax.stages.Traced:
         if self.traced is None:
             t0 = time.perf_counter()
-            with TraceRecorder(self.modules_before) as recorded:
+            with TraceRecorder(self.modules_before) as recorded, _gc.relaxed():
                 traced = self.traced = self.jitted.trace(*self.leaves)
             self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorded.codes
             self.imported = recorded.imported
@@ -465,7 +465,8 @@ class _Miss:
         if self.lowered is None:
             traced = self._trace()
             t0 = time.perf_counter()
-            self.lowered = traced.lower()
+            with _gc.relaxed():
+                self.lowered = traced.lower()
             self.trace_seconds += time.perf_counter() - t0
         return self.lowered
 

@@ -105,7 +105,8 @@ def _top_level_version(top: str) -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
         if top in (dist.read_text("top_level.txt") or top).split() or _provides(dist, top):
-            return f"{dist.metadata['Name']}=={dist.version}"
+            meta = dist.metadata  # (parsed on each access: once here)
+            return f"{meta['Name']}=={meta['Version']}"
     dists = _packages_distributions().get(top)
     if not dists:
         return f"{top}==unknown"
@@ -185,7 +186,9 @@ def iterated_set_constant(code: types.CodeType) -> str | None:
     code nested in it) has one: ``for n in {"a", "b"}`` iterates a frozenset constant in an
     order that changes with ``PYTHONHASHSEED`` (membership tests do not care)."""
     prev: Any = None
-    for ins in dis.get_instructions(code):
+    # (disassembled only when it holds such a constant: dis costs ~0.5 ms per code object)
+    unstable = any(isinstance(c, frozenset) and not _order_is_stable(c) for c in code.co_consts)
+    for ins in dis.get_instructions(code) if unstable else ():
         if ins.opname == "GET_ITER" and prev is not None and prev.opname == "LOAD_CONST" \
                 and isinstance(prev.argval, frozenset) and not _order_is_stable(prev.argval):
             return f"{code.co_qualname} iterates the set {sorted(map(repr, prev.argval))[:4]}"

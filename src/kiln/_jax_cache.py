@@ -79,12 +79,14 @@ def store_key(jax_key: str) -> str:
 
 @contextlib.contextmanager
 def kiln_compiling() -> Iterator[None]:
-    """Around kiln's own XLA compiles: JAX's cache may still read through the route, but does
-    not write there (kiln stores the executable in its own entry)."""
+    """Around kiln's own XLA compiles: JAX's cache may still read through the route, but
+    writes nothing (kiln stores the executable in its own entry), and does not serialize the
+    executable for that write either (:func:`kiln._jax_compat.no_persistent_cache_writes`)."""
     before = getattr(_local, "own", False)
     _local.own = True
     try:
-        yield
+        with _jax_compat.no_persistent_cache_writes():
+            yield
     finally:
         _local.own = before
 

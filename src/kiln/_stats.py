@@ -39,7 +39,8 @@ class Stats:
         tier_ups: inlined programs compiled in the background and swapped in (tier-up).
         jax_cache_hits, jax_cache_misses: JAX's own persistent-cache lookups (its
             ``jax.monitoring`` events), counted while the ``kiln://`` route is on
-            (:func:`kiln.enable_jax_cache`).
+            (:func:`kiln.enable_jax_cache`). JAX counts a miss where it writes the value, so
+            kiln's own compiles (kept in kiln's entries, never written by JAX) are not misses.
         jax_cache_writes: values JAX's cache wrote into kiln's store through the route.
         remote_hits, remote_misses: lookups a remote store (Redis, an object store) answered
             with an entry / without one (the local store had none).
