@@ -237,6 +237,30 @@ def test_jax_never_serializes_kiln_s_own_executable(kiln_store, monkeypatch):
         kiln.disable_jax_cache()
 
 
+def test_the_route_holds_its_lease_from_the_miss_until_jax_writes(kiln_store):
+    """JAX's put asks ``exists`` before it writes the value it compiled after a miss. That
+    check must not give the key's lease up and take it again: in between, a process waiting
+    for the value could take the lease, find nothing and compile the program a second time
+    (seen as 2 compiles among 3 processes in tests/test_fleet.py, once in four runs)."""
+    from kiln.stores import open_store
+
+    jax_key = "jit_probe-0123456789abcdef"
+    path = _jax_cache.StorePath(_jax_cache.ROOT) / f"{jax_key}-cache"
+    assert path.exists() is False  # JAX's get: a miss, and this thread now holds the lease
+    held = _jax_cache._held.item
+    assert held is not None and held[0] == _jax_cache.store_key(jax_key)
+    other = open_store(kiln.get_config()).lease(held[0], 30)  # another process's attempt
+    assert other.acquire() is False
+    assert path.exists() is False  # JAX's put checks before writing
+    assert _jax_cache._held.item is held  # the same hold: never released and taken again
+    assert other.acquire() is False
+    path.write_bytes(b"the compiled value")  # JAX's write: stored, then the lease released
+    assert _jax_cache._held.item is None
+    assert other.acquire() is True
+    other.release()
+    assert path.exists() and path.read_bytes() == b"the compiled value"
+
+
 def test_enable_and_disable_in_process(kiln_store):
     before = {name: getattr(jax.config, name) for name in _jax_cache._SETTINGS}
     assert kiln.enable_jax_cache() is True

@@ -182,7 +182,10 @@ def _read(jax_key: str) -> bytes | None:
     store = open_store(cfg)
     key = store_key(jax_key)
     value = _read_value(store, key, jax_key, cfg)
-    if value is None and not getattr(_local, "own", False):
+    if value is None and not getattr(_local, "own", False) and not _holds(key):
+        # (JAX's put asks ``exists`` before it writes the value this thread compiled under the
+        # key's lease: the lease must stay held until the write, or a waiting process could take
+        # it in between, find nothing, and compile the same program again)
         value = _await_or_lease(store, key, jax_key, cfg)
     return value
 
@@ -217,6 +220,12 @@ def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
 
 # the lease this thread holds while JAX compiles the key it just missed: (store key, Held)
 _held = threading.local()
+
+
+def _holds(key: str) -> bool:
+    """This thread holds ``key``'s lease (it missed the key and JAX is compiling it)."""
+    held = getattr(_held, "item", None)
+    return held is not None and held[0] == key
 
 
 def _release_held(key: str | None = None) -> None:

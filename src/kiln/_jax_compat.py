@@ -312,8 +312,9 @@ class _Unpickler(pickle.Unpickler):
 def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes], str]:
     """Split a freshly compiled program into entry sections.
 
-    Must run before the executable's first execution (a while loop's executable refuses to
-    serialize once run on CPU: "UNIMPLEMENTED: `LessThan` is not serializable").
+    Must run before the executable's first execution (on CPU the executable of a program with
+    a sort refuses to serialize once it has run: "UNIMPLEMENTED: `LessThan` is not
+    serializable"; jax 0.10.2 and 0.12).
 
     Returns:
         (sections, callbacks_mode): sections ``exec`` (XLA executable bytes), ``meta`` (pickled
