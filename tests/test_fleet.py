@@ -385,7 +385,8 @@ def test_a_full_or_read_only_redis_warns_once_and_results_stay_right(servers, ho
     url, proc = servers.start_redis(tmp_path / "redis")
     try:
         client = redis.Redis.from_url(url)
-        if how == "full":
+        if how == "full":  # full before kiln's first write (the lease), whatever the
+            client.set("filler", b"x" * 2_000_000)  # server's own baseline memory
             client.config_set("maxmemory", "1mb")
             client.config_set("maxmemory-policy", "noeviction")
         else:  # a replica of a primary that is gone: it answers reads, refuses writes

@@ -39,9 +39,15 @@ SUITE = textwrap.dedent('''
 ''')
 
 
+# Settings of this (parent) run that the child pytest must not inherit: kiln's and jax's, and
+# pytest's own (PYTEST_XDIST_WORKER made pytest-benchmark, where installed, warn in the child
+# that xdist is active, an INTERNALERROR under filterwarnings = error).
+_PARENT_ONLY = ("KILN_", "JAX_", "XLA_", "PYTEST_")
+
+
 def _pytest(tmp_path, *flags, **env_extra):
     (tmp_path / "test_suite.py").write_text(SUITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_PARENT_ONLY)}
     env.update(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
                REPORT=str(tmp_path / "report.json"), PYTHONDONTWRITEBYTECODE="1", **env_extra)
     proc = subprocess.run(
@@ -99,7 +105,7 @@ def test_a_broken_entry_never_fails_a_suite_that_makes_warnings_errors(tmp_path)
 @pytest.mark.slow
 def test_a_bad_kiln_setting_is_one_usage_error(tmp_path):
     (tmp_path / "test_suite.py").write_text(SUITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_PARENT_ONLY)}
     env.update(KILN_MAX_SIZE="lots", REPORT=str(tmp_path / "r.json"), JAX_PLATFORMS="cpu")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py",
