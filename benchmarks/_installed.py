@@ -14,10 +14,10 @@ import importlib.util
 import sys
 
 
-def compile_bytecode(*packages: str) -> None:
-    """Write the bytecode of ``packages`` (default: ``kiln`` and ``kiln_demo``) for this Python,
-    as ``pip install`` would."""
-    for name in packages or ("kiln", "kiln_demo"):
+def compile_bytecode() -> None:
+    """Write the bytecode of ``kiln`` and ``kiln_demo`` for this Python, as ``pip install``
+    would."""
+    for name in ("kiln", "kiln_demo"):
         spec = importlib.util.find_spec(name)
         for folder in (spec.submodule_search_locations or []) if spec else []:
             if not compileall.compile_dir(folder, quiet=1, workers=1):

@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     reps = args.reps if args.reps is not None else (2 if args.quick else 5)
     cold_reps = args.cold_reps if args.cold_reps is not None else (1 if args.quick else 5)
-    compile_bytecode()  # as an installed kiln: see benchmarks/_installed.py
     if reps < 1 or cold_reps < 1:
         parser.error("--reps and --cold-reps must be >= 1")
+    compile_bytecode()  # as an installed kiln: see benchmarks/_installed.py
 
     command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
     print(f"$ {command}")

@@ -3,12 +3,12 @@
 Tracing a large program allocates hundreds of thousands of objects that live until it is
 compiled (the jaxpr's equations, tracers, the MLIR module). Under CPython's default thresholds
 (700, 10, 10) so many survivors set off collections of the whole heap while the trace runs: on
-the Lotka-Volterra fit (jax 0.10.2, Python 3.11 and 3.12; timed with ``gc.callbacks``), 2 full
-collections and 23 of the middle generation took 0.57-0.65 s of its 4.5 s trace and lowering,
-and freed 67 objects. With the youngest generation's threshold at 10,000 the same
-trace runs 1 middle and no full collection, 0.10-0.13 s of collecting in all, for the same peak
-memory (the youngest generation still collects every 10,000 allocations, so cyclic garbage made
-while tracing is freed as before).
+the Lotka-Volterra fit (jax 0.10.2, Python 3.11; timed with ``gc.callbacks``, median of 5,
+``python benchmarks/cold_breakdown.py``), 2 full collections and 23 of the middle generation
+took 0.46 s of its ~4.5 s trace and lowering and freed ~100 objects. With the youngest
+generation's threshold at 10,000 the same trace runs 1 middle and no full collection, 0.08 s of
+collecting in all, for the same peak memory (the youngest generation still collects every
+10,000 allocations, so cyclic garbage made while tracing is freed as before).
 
 :func:`relaxed` sets that threshold for the length of kiln's trace or lowering, and then puts
 back what it found. It leaves the collector alone when the user switched it off

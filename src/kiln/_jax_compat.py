@@ -643,6 +643,7 @@ def no_persistent_cache_writes() -> Iterator[None]:
     write (``jax_persistent_cache_min_compile_time_secs``, a thread-local override) is
     infinite. JAX checks it before it serializes and compresses the executable, so kiln's own
     compiles (stored in kiln's entry) are not serialized a second time for a write the route
-    would drop (~0.03 s for a small program, ~0.2 s for the Lotka-Volterra fit's size)."""
+    would drop (0.011 s for a small program, ``python benchmarks/cold_breakdown.py``; the
+    Lotka-Volterra fit's 1.6 MB executable alone takes XLA 0.16 s to serialize)."""
     with _jax_config.persistent_cache_min_compile_time_secs(float("inf")):
         yield

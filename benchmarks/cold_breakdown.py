@@ -1,0 +1,151 @@
+"""Benchmark: where kiln's cold path spends time that ``jax.jit``'s does not, measured inside
+fresh processes on the Lotka-Volterra fit (the in-process figures behind
+``benchmarks/cold_tax.py``; issue 11).
+
+Run from the repository root (about 2 minutes; needs the ``examples`` extra):
+
+    python benchmarks/cold_breakdown.py [--reps 5] [--json PATH]
+
+Per repetition, fresh processes measure:
+
+- ``gc``: seconds Python's garbage collector runs (``gc.callbacks``) during ``jax.jit(fit)``'s
+  trace and lowering, and the objects it frees, under CPython's default thresholds and under
+  kiln's relaxed one (``kiln._gc.THRESHOLD``);
+- ``fingerprint``: kiln's static walk of the fit, the first in the process (``fingerprint``);
+- ``serialize``: XLA serializing the fit's compiled executable (``serialize_compiled``);
+- ``jax_put``: what JAX's persistent cache spends serializing and compressing a small program
+  (``jax_put``: ``compilation_cache.put_executable_and_time``), the work kiln's own compiles
+  no longer cause (``kiln._jax_compat.no_persistent_cache_writes``).
+
+Printed: the median of each over the repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from _installed import compile_bytecode
+
+CHILD = r'''
+import gc, json, sys, time
+import jax, jax.numpy as jnp
+from kiln import _gc, _jax_compat
+from kiln._fingerprint import fingerprint
+from kiln_demo.lotka_volterra import _build_fit, load_data
+
+what = sys.argv[1]
+ts, ys = load_data()
+fit = _build_fit()
+out = {}
+if what.startswith("gc"):
+    seconds, freed, t0 = [0.0], [0], [0.0]
+
+    def watch(phase, info):
+        if phase == "start":
+            t0[0] = time.perf_counter()
+        else:
+            seconds[0] += time.perf_counter() - t0[0]
+            freed[0] += info["collected"]
+
+    if what == "gc-relaxed":
+        gc.set_threshold(_gc.THRESHOLD, *gc.get_threshold()[1:])
+    gc.callbacks.append(watch)
+    jax.jit(fit).trace(ts, ys).lower()
+    gc.callbacks.remove(watch)
+    out = {"seconds": seconds[0], "freed": freed[0]}
+elif what == "fingerprint":
+    t = time.perf_counter()
+    fingerprint(fit)
+    out = {"seconds": time.perf_counter() - t}
+elif what == "serialize":
+    compiled = jax.jit(fit).lower(ts, ys).compile()
+    t = time.perf_counter()
+    sections, _ = _jax_compat.serialize_compiled(compiled)
+    out = {"seconds": time.perf_counter() - t, "bytes": len(sections["exec"])}
+elif what == "jax_put":
+    import tempfile
+    from jax._src import compilation_cache
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp())
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    spent, real = [0.0], compilation_cache.put_executable_and_time
+
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t
+
+    compilation_cache.put_executable_and_time = timed
+
+    @jax.jit
+    def small(x):
+        for i in range(30):
+            x = jnp.tanh(x @ x.T + i)
+        return x
+
+    x = jnp.ones((64, 64))
+    spent[0] = 0.0  # (the eager ones above are not the program)
+    small(x).block_until_ready()
+    out = {"seconds": spent[0]}
+print(json.dumps(out))
+'''
+
+MEASURES = ("gc-default", "gc-relaxed", "fingerprint", "serialize", "jax_put")
+
+
+def run(what: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    env.update(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0")
+    proc = subprocess.run([sys.executable, "-c", CHILD, what], env=env, capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: {what} exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be >= 1")
+    compile_bytecode()  # as an installed kiln: see benchmarks/_installed.py
+    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
+    print(f"$ {command}", flush=True)
+    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MEASURES}
+    for i in range(args.reps):
+        for what in MEASURES:
+            samples[what].append(run(what))
+        print(f"  rep {i + 1}/{args.reps}: " + ", ".join(
+            f"{w} {samples[w][-1]['seconds']:.3f} s" for w in MEASURES), flush=True)
+    med = {w: statistics.median(s["seconds"] for s in samples[w]) for w in MEASURES}
+    freed = {w: statistics.median(s["freed"] for s in samples[w])
+             for w in ("gc-default", "gc-relaxed")}
+    print()
+    print(f"garbage collection in the fit's trace + lowering: {med['gc-default']:.3f} s with "
+          f"CPython's thresholds (freed {freed['gc-default']:.0f} objects), "
+          f"{med['gc-relaxed']:.3f} s with kiln's (freed {freed['gc-relaxed']:.0f})")
+    print(f"fingerprint of the fit, first in the process: {med['fingerprint']:.3f} s")
+    print(f"XLA serializing the fit's executable ({samples['serialize'][0]['bytes']} bytes): "
+          f"{med['serialize']:.3f} s")
+    print(f"JAX's cache serializing + compressing a small program for a write: "
+          f"{med['jax_put']:.3f} s (what kiln's own compiles no longer cause)")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"benchmark": "cold_breakdown", "command": command,
+                                         "samples": samples, "medians_s": med}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
