@@ -835,3 +835,158 @@ def test_tracing_config_is_a_key_part(environments: dict[str, Any], xp: Any, nam
     rec = environments["B"]["config:" + name]
     xp.assert_cold(rec)
     np.testing.assert_allclose(xp.value(rec), np.float32([1, 2, 4]) / np.float32(3))
+
+
+# ----------------------------------------------------------------------------------------------
+# What a trace reads from outside Python (issue 20): files, listings, what cannot be keyed
+# ----------------------------------------------------------------------------------------------
+READS_PROG = '''
+import json
+import os
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+
+import kiln
+
+
+@kiln.jit
+def reads_json(x):
+    TRACE()
+    with open("cfg.json") as fh:
+        cfg = json.load(fh)
+    return x * cfg["scale"]
+
+
+@kiln.jit
+def reads_npy(x):
+    TRACE()
+    return x * jnp.asarray(np.load("w.npy"))
+
+
+@kiln.jit
+def lists_dir(x):
+    TRACE()
+    return x * len(sorted(os.listdir("data")))
+
+
+@kiln.jit
+def optional_file(x):
+    TRACE()
+    try:
+        with open("opt.json") as fh:
+            return x * json.load(fh)["scale"]
+    except FileNotFoundError:
+        return x * 1.0
+
+
+@kiln.jit
+def reads_device(x):
+    TRACE()
+    with open("/dev/urandom", "rb") as fh:
+        fh.read(4)  # read, not used: the value stays the same, the program cannot be keyed
+    return x + 1.0
+
+
+@kiln.jit
+def changes_while_tracing(x):
+    TRACE()
+    with open("counter.txt", "a") as fh:
+        fh.write("+")
+    with open("counter.txt") as fh:
+        fh.read()
+    return x - 1.0
+
+
+def _read_elsewhere():
+    with open("other.txt") as fh:
+        fh.read()
+
+
+@kiln.jit
+def other_thread_reads(x):
+    TRACE()
+    t = threading.Thread(target=_read_elsewhere)
+    t.start()
+    t.join()
+    return x * 3.0
+
+
+x = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+for name in ["reads_json", "reads_npy", "lists_dir", "optional_file", "reads_device",
+             "changes_while_tracing", "other_thread_reads"]:
+    call(name, globals()[name], x)
+report()
+'''
+
+
+@pytest.fixture(scope="module")
+def trace_reads(tmp_path_factory: pytest.TempPathFactory, xp: Any) -> dict[str, Any]:
+    """A (cold), B (warm), C (each input changed), D (changed back)."""
+    prog = xp.Program(tmp_path_factory.mktemp("reads"))
+    prog.write("prog.py", READS_PROG)
+    prog.write("cfg.json", '{"scale": 2.0}')
+    prog.write("other.txt", "1")
+    (prog.dir / "data").mkdir()
+    for name in ("a", "b"):
+        prog.write(f"data/{name}.txt", name)
+    np.save(prog.dir / "w.npy", np.array([1.0, 1.0, 1.0], dtype=np.float32))
+    runs = {"A": prog.run(), "B": prog.run()}
+    prog.write("cfg.json", '{"scale": 3.0}')
+    np.save(prog.dir / "w.npy", np.array([1.0, 2.0, 3.0], dtype=np.float32))
+    prog.write("data/c.txt", "c")
+    prog.write("opt.json", '{"scale": 5.0}')
+    prog.write("other.txt", "2")
+    runs["C"] = prog.run()
+    prog.write("cfg.json", '{"scale": 2.0}')
+    np.save(prog.dir / "w.npy", np.array([1.0, 1.0, 1.0], dtype=np.float32))
+    (prog.dir / "data" / "c.txt").unlink()
+    (prog.dir / "opt.json").unlink()
+    runs["D"] = prog.run()
+    return runs
+
+
+READS_EXPECT = {  # name: (value before, value after the inputs changed)
+    "reads_json": ([2.0, 4.0, 6.0], [3.0, 6.0, 9.0]),
+    "reads_npy": ([1.0, 2.0, 3.0], [1.0, 4.0, 9.0]),
+    "lists_dir": ([2.0, 4.0, 6.0], [3.0, 6.0, 9.0]),
+    "optional_file": ([1.0, 2.0, 3.0], [5.0, 10.0, 15.0]),
+}
+
+
+@pytest.mark.parametrize("name", list(READS_EXPECT))
+def test_a_file_read_while_tracing_is_part_of_the_key(
+    trace_reads: dict[str, Any], xp: Any, name: str
+) -> None:
+    """Run, change the file (or listing), run again: the new value, as jax.jit gives; the
+    unchanged program warm starts with no trace; changed back, the old value again."""
+    before, after = READS_EXPECT[name]
+    a, b, c, d = (trace_reads[k][name] for k in "ABCD")
+    xp.assert_cold(a)
+    xp.assert_warm(b)
+    for rec in (a, b, d):
+        np.testing.assert_allclose(rec["leaves"][0], before)
+    np.testing.assert_allclose(c["leaves"][0], after)
+    assert c["py_traces"] >= 1 and c["compiles"] == 1 and c["hits"] == 0, c
+
+
+@pytest.mark.parametrize("name", ["reads_device", "changes_while_tracing"])
+def test_a_read_that_cannot_be_keyed_takes_the_verify_path(
+    trace_reads: dict[str, Any], xp: Any, name: str
+) -> None:
+    want = [2.0, 3.0, 4.0] if name == "reads_device" else [0.0, 1.0, 2.0]
+    for run in "ABCD":
+        np.testing.assert_allclose(trace_reads[run][name]["leaves"][0], want)
+    for run in "BCD":
+        xp.assert_warm_verified(trace_reads[run][name])  # traced each time, never compiled
+    assert trace_reads["A"].stats["reasons"].get("verify-path", 0) >= 2
+
+
+def test_only_the_tracing_thread_s_reads_count(trace_reads: dict[str, Any], xp: Any) -> None:
+    """other.txt, read by another thread during the trace, is no input: changing it is no
+    reason to recompile."""
+    for run in "BCD":
+        xp.assert_warm(trace_reads[run]["other_thread_reads"])
+        np.testing.assert_allclose(trace_reads[run]["other_thread_reads"]["leaves"][0],
+                                   [3.0, 6.0, 9.0])

@@ -205,7 +205,8 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
         codes = set(miss.calls)
         for _, sub_jaxpr in _noinline_p.calls_in(miss.traced.jaxpr.jaxpr):
             codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
-        manifest, reason = manifest_for(codes, miss.fp, miss.imported)
+        manifest, reason = manifest_for(codes, miss.fp, miss.imported, miss.reads,
+                                        miss.read_reason)
         if reason is not None:
             miss._explain("tier-up", f"inlined program not stored: {reason}")
             return result
@@ -346,6 +347,8 @@ class _Miss:
         self.inlined_key: str | None = None
         self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
+        self.reads: list[list[str]] = []  # files and directories the cold trace read
+        self.read_reason: str | None = None  # why those cannot be keyed (kiln._reads)
         self.trace_seconds = 0.0
         # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):
         # what a kiln function pickled by value carries with it
@@ -451,13 +454,24 @@ class _Miss:
     def _trace(self) -> jax.stages.Traced:
         if self.traced is None:
             t0 = time.perf_counter()
-            with TraceRecorder(self.modules_before) as recorded, _gc.relaxed():
+            recorder = TraceRecorder(self.modules_before, ignore=self._not_inputs())
+            with recorder, _gc.relaxed():
                 traced = self.traced = self.jitted.trace(*self.leaves)
-            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorded.codes
-            self.imported = recorded.imported
+            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorder.codes
+            self.imported = recorder.imported
+            self.reads, self.read_reason = recorder.reads, recorder.read_reason
             _stats.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0
         return self.traced
+
+    def _not_inputs(self) -> tuple[str, ...]:
+        """Directories whose files a trace may read that are not inputs of the program:
+        kiln's local store, and JAX's own cache directory (eager operations while tracing)."""
+        dirs = [str(self.cfg.cache_dir)]
+        jax_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
+        if isinstance(jax_dir, str) and "://" not in jax_dir:
+            dirs.append(jax_dir)
+        return tuple(dirs)
 
     def _trace_lower(self) -> jax.stages.Lowered:
         """The program as traced, lowered with its noinline calls not inlined (the canonical
@@ -542,7 +556,8 @@ class _Miss:
         be recorded, write a verify-only marker there and take the verify path)."""
         self._trace()
         t0 = time.perf_counter()
-        manifest, reason = manifest_for(self.calls, self.fp, self.imported)
+        manifest, reason = manifest_for(self.calls, self.fp, self.imported, self.reads,
+                                        self.read_reason)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if reason is not None:
             self._explain("verify-path", f"taking the verify path: {reason}")

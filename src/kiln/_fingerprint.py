@@ -33,7 +33,6 @@ import inspect
 import os
 import random
 import sys
-import sysconfig
 import threading
 import types
 from collections.abc import Callable
@@ -47,16 +46,10 @@ import xxhash
 from . import _jax_compat
 from ._errors import StaticArgumentError
 from ._hashing import Unpersistable, static_digest
+from ._reads import DIR, FILE, LIB_ROOTS, ReadRecorder, check_read
 
 __all__ = ["Fingerprint", "fingerprint", "manifest_for", "check_manifest"]
 
-_LIB_ROOTS = tuple(
-    os.path.realpath(p) + os.sep
-    for p in {
-        sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")
-    }
-    | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
-)
 _KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
 _MAX_ITEMS = 5000
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict)
@@ -73,7 +66,7 @@ def is_user_file(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         return True
     real = os.path.realpath(filename)
-    return not real.startswith(_LIB_ROOTS) and not real.startswith(_KILN_ROOT)
+    return not real.startswith(LIB_ROOTS) and not real.startswith(_KILN_ROOT)
 
 
 @functools.lru_cache(maxsize=1)
@@ -479,8 +472,14 @@ class _Walker:
         ``PYTHONHASHSEED``, so without a fixed seed such a set cannot be keyed by value."""
         if not _order_is_stable(v) and not _hash_seed_fixed():
             if self.in_library:
-                # held by library code, whose iterating counts with its version: by content
-                self.add(f"value:{name}", static_digest(v, argname=name))
+                # held by library code, whose iterating counts with its version: by content,
+                # or (objects with no value digest) by their classes and the library versions
+                try:
+                    self.add(f"value:{name}", static_digest(v, argname=name))
+                except (Unpersistable, StaticArgumentError, TypeError, ValueError):
+                    classes = sorted({f"{type(e).__module__}.{type(e).__qualname__}" for e in v})
+                    self.add(f"lib-state:{name}", ",".join(
+                        f"{c}={library_version(c)}" for c in classes))
                 return
             self.unsound(
                 f"{name} is a set of strings or objects: the order code iterating it sees "
@@ -763,14 +762,17 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
     data of the arguments' pytree nodes. Functions among them are fingerprinted by code.
     """
     w = _Walker()
-    w.value(getattr(fun, "__qualname__", type(fun).__qualname__), fun)
-    if not isinstance(fun, types.FunctionType | functools.partial | types.MethodType):
-        w.klass(type(fun))  # a callable object: its class's __call__ and methods
-    for name, v in extra:
-        w.add(f"extra:{name}", "")
-        w.seen.discard(id(v))
-        w.value(name, v)
-    w.finish()
+    try:
+        w.value(getattr(fun, "__qualname__", type(fun).__qualname__), fun)
+        if not isinstance(fun, types.FunctionType | functools.partial | types.MethodType):
+            w.klass(type(fun))  # a callable object: its class's __call__ and methods
+        for name, v in extra:
+            w.add(f"extra:{name}", "")
+            w.seen.discard(id(v))
+            w.value(name, v)
+        w.finish()
+    except Exception as e:  # noqa: BLE001 - the walk never raises into the user's call
+        w.unsound(_walk_failure(e))
     h = xxhash.xxh3_128()
     for name, d in w.parts:
         h.update(name.encode())
@@ -800,16 +802,26 @@ class TraceRecorder:
       no such hook at a bearable price (``sys.setprofile`` added 60% to that trace), so there
       the manifest holds the functions that emitted equations only.
 
+    - ``reads``: files this thread opened and directories it listed while tracing, as
+      manifest items (:mod:`kiln._reads`); ``read_reason`` says why they cannot be keyed
+      (a socket, a pipe, a file that changed during the trace), else None.
+
     Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
     ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
     module imported since (by a manifest check, say) was not seen by the walk either.
+    ``ignore``: directories whose files are not the program's inputs (kiln's store, JAX's
+    cache directory).
     """
 
-    def __init__(self, modules_before: set[str] | None = None) -> None:
+    def __init__(self, modules_before: set[str] | None = None,
+                 ignore: tuple[str, ...] = ()) -> None:
         self.codes: set[types.CodeType] = set()
         self.imported: tuple[str, ...] = ()
+        self.reads: list[list[str]] = []
+        self.read_reason: str | None = None
         self.thread = threading.get_ident()
         self._before: set[str] = modules_before or set()
+        self._reads = ReadRecorder(ignore)
 
     def __enter__(self) -> TraceRecorder:
         self._before = self._before or set(sys.modules)
@@ -817,9 +829,14 @@ class TraceRecorder:
             with _recorders_lock:
                 if _start_monitoring():
                     _recorders.append(self)
+        self._reads.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._reads.__exit__(*exc)
+        if exc[0] is None:
+            self.reads = self._reads.items()
+            self.read_reason = self._reads.unkeyable
         if _monitoring is not None:
             with _recorders_lock:
                 if self in _recorders:
@@ -944,21 +961,33 @@ def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
     return any(isinstance(c, types.CodeType) and _contains(c, code) for c in outer.co_consts)
 
 
+def _walk_failure(e: BaseException) -> str:
+    """The reason a walk that raised gives (an object kiln has no rule for): the verify path."""
+    if isinstance(e, Unpersistable):
+        return str(e)
+    return f"the fingerprint walk failed ({type(e).__name__}: {e})"
+
+
 def _shallow_digest(fn: types.FunctionType) -> str:
     """Full static walk of one manifest function: code, defaults, closure, globals, helpers.
 
     Raises:
-        Unpersistable: some part has no canonical digest.
+        Unpersistable: some part has no canonical digest (or the walk failed on it).
     """
     w = _Walker()
-    w.function(fn)
-    return w.sound_digest()
+    try:
+        w.function(fn)
+        return w.sound_digest()
+    except Exception as e:  # noqa: BLE001 - never into the user's call
+        raise Unpersistable(_walk_failure(e)) from None
 
 
 def manifest_for(
     codes: set[types.CodeType],
     fp: Fingerprint,
     imported: tuple[str, ...] = (),
+    reads: list[list[str]] = (),  # type: ignore[assignment]
+    read_reason: str | None = None,
 ) -> tuple[list[list[str]], str | None]:
     """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
 
@@ -968,11 +997,17 @@ def manifest_for(
       walk did not cover;
     - ``[module, "<module>", digest, names]`` for each user module in ``imported`` (imported
       while tracing, so the walk before the trace could not see it): the attributes ``names``
-      that any walked code reads, by value.
+      that any walked code reads, by value;
+    - ``reads``: the files and directories the trace read (``[path, "<file>" | "<dir>",
+      digest, stat]``, :class:`kiln._reads.ReadRecorder`), or ``read_reason`` why they cannot
+      be keyed.
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found
-    again by module + qualname (the fingerprint is then unsound).
+    again by module + qualname, or some read cannot be keyed (the fingerprint is then
+    unsound).
     """
+    if read_reason is not None:
+        return [], read_reason
     covered = fp.codes
     modules: list[list[str]] = []
     names = set(fp.names)
@@ -1024,7 +1059,7 @@ def manifest_for(
             items[key] = _shallow_digest(fn)
         except Unpersistable as e:
             return [], f"{module}.{qualname}: {e}"
-    return [[m, q, d] for (m, q), d in sorted(items.items())] + modules, None
+    return [[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads), None
 
 
 def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
@@ -1035,10 +1070,13 @@ def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
     """
     w = _Walker()
     w.add(f"module:{mod.__name__}", ",".join(attrs))
-    for attr in attrs:
-        found, v = _module_attr(mod, attr, True)
-        w.value(f"{mod.__name__}.{attr}", v if found else "<missing>")
-    return w.sound_digest()
+    try:
+        for attr in attrs:
+            found, v = _module_attr(mod, attr, True)
+            w.value(f"{mod.__name__}.{attr}", v if found else "<missing>")
+        return w.sound_digest()
+    except Exception as e:  # noqa: BLE001 - never into the user's call
+        raise Unpersistable(_walk_failure(e)) from None
 
 
 
@@ -1059,6 +1097,12 @@ def check_manifest(
     if fun_globals is not None:
         namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])}
     for module, qualname, digest, *rest in items:
+        if qualname in (FILE, DIR):
+            # a file or directory the cold trace read: ``module`` is its path
+            changed = check_read(module, qualname, digest, rest[0] if rest else "")
+            if changed is not None:
+                return changed
+            continue
         if qualname == "<module>":
             # a module the cold trace imported: import it now if this process has not
             try:
