@@ -1,0 +1,175 @@
+"""What a trace reads from outside Python (kiln._reads): recorded, keyed, re-checked.
+
+Cross-process behaviour (run, change the file, run again) is in tests/test_staleness.py; these
+tests pin the recorder's rules in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kiln
+from kiln._reads import DIR, FILE, ReadRecorder, check_read
+
+
+@pytest.fixture
+def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _old(path: Path) -> None:
+    """Back-date a file past the racy window, so its stat is recorded."""
+    t = time.time() - 60
+    os.utime(path, (t, t))
+
+
+def test_files_and_listings_are_recorded_by_content(cwd: Path) -> None:
+    (cwd / "cfg.json").write_text('{"scale": 2.0}')
+    (cwd / "data").mkdir()
+    (cwd / "data" / "b").write_text("")
+    (cwd / "data" / "a").write_text("")
+    _old(cwd / "cfg.json")
+    with ReadRecorder() as r:
+        with open("cfg.json") as fh:
+            json.load(fh)
+        os.listdir("data")
+        try:
+            open("missing.json")
+        except FileNotFoundError:
+            pass
+        open("out.txt", "w").close()  # written only: an output, not an input
+    items = r.items()
+    assert r.unkeyable is None
+    assert [i[:2] for i in items] == [["cfg.json", FILE], ["data", DIR], ["missing.json", FILE]]
+    cfg, data, missing = items
+    assert cfg[3] == f"{(cwd / 'cfg.json').stat().st_size}:{(cwd / 'cfg.json').stat().st_mtime_ns}"
+    assert missing[2] == "absent"
+    assert all(check_read(*i) is None for i in items)
+    (cwd / "cfg.json").write_text('{"scale": 3.0}')
+    assert check_read(*cfg) == "cfg.json changed"
+    (cwd / "data" / "c").write_text("")
+    assert check_read(*data) == "listing of data changed"
+    (cwd / "missing.json").write_text("{}")
+    assert check_read(*missing) == "missing.json exists now (absent when the entry was made)"
+    os.remove("cfg.json")
+    assert check_read(*cfg) == "cfg.json no longer exists"
+
+
+def test_a_warm_check_stats_first_and_reads_only_when_size_or_mtime_moved(cwd: Path) -> None:
+    f = cwd / "w.npy"
+    np.save(f, np.ones(3, np.float32))
+    _old(f)
+    with ReadRecorder() as r:
+        np.load("w.npy")
+    (item,) = r.items()
+    st = f.stat()
+    # same content, new mtime: read again, found equal
+    os.utime(f, (time.time(), time.time()))
+    assert check_read(*item) is None
+    # new content behind the recorded size and mtime: the stat says unchanged (as make, git
+    # and ccache trust it); the recorded stat is what a warm check compares first
+    np.save(f, np.full(3, 2.0, np.float32))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert check_read(*item) is None
+    os.utime(f, (time.time(), time.time()))
+    assert check_read(*item) == "w.npy changed"
+
+
+def test_a_file_modified_just_now_is_always_read_again(cwd: Path) -> None:
+    (cwd / "cfg.json").write_text("1")
+    with ReadRecorder() as r:
+        with open("cfg.json") as fh:
+            fh.read()
+    (item,) = r.items()
+    assert item[3] == ""  # racy: no stat shortcut (a write in the same mtime tick)
+    st = (cwd / "cfg.json").stat()
+    (cwd / "cfg.json").write_text("2")
+    os.utime(cwd / "cfg.json", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert check_read(*item) == "cfg.json changed"
+
+
+def test_only_the_tracing_thread_counts(cwd: Path) -> None:
+    (cwd / "mine").write_text("")
+    (cwd / "theirs").write_text("")
+    with ReadRecorder() as r:
+        t = threading.Thread(target=lambda: open("theirs").close())
+        t.start()
+        t.join()
+        open("mine").close()
+    assert [i[0] for i in r.items()] == ["mine"]
+
+
+def test_libraries_imports_and_ignored_directories_are_not_inputs(cwd: Path) -> None:
+    (cwd / "store").mkdir()
+    (cwd / "store" / "entry").write_text("x")
+    with ReadRecorder(ignore=(str(cwd / "store"),)) as r:
+        open(np.__file__).close()  # an installed library's file: counted by its version
+        open("store/entry").close()
+        import colorsys  # noqa: F401  (the import system's own reads)
+    assert r.items() == [] and r.unkeyable is None
+
+
+@pytest.mark.parametrize("what", ["device", "changed", "socket", "subprocess", "fd", "proc"])
+def test_what_cannot_be_keyed_is_unkeyable_with_the_reason(cwd: Path, what: str) -> None:
+    with ReadRecorder() as r:
+        if what == "device":
+            open("/dev/urandom", "rb").close()
+        elif what == "changed":
+            with open("log.txt", "a") as fh:
+                fh.write("+")
+            open("log.txt").close()
+        elif what == "socket":
+            with socket.socket() as server, socket.socket() as client:
+                server.bind(("127.0.0.1", 0))
+                server.listen()
+                client.connect(server.getsockname())
+        elif what == "subprocess":
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+        elif what == "fd":
+            read_end, write_end = os.pipe()
+            os.close(write_end)
+            with open(read_end) as fh:
+                fh.read()
+        else:
+            open("/proc/self/status").close()
+    assert r.items() == []
+    want = {"device": "/dev/urandom: it is a device", "changed": "log.txt changed while",
+            "socket": "connects a socket", "subprocess": "starts a subprocess",
+            "fd": "reads file descriptor", "proc": "the system's state"}[what]
+    assert r.unkeyable is not None and want in r.unkeyable, r.unkeyable
+
+
+def test_kiln_jit_keys_the_file_and_explains_the_verify_path(
+    cwd: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (cwd / "cfg.json").write_text('{"scale": 2.0}')
+
+    @kiln.jit
+    def f(x):
+        with open("cfg.json") as fh:
+            return x * json.load(fh)["scale"]
+
+    @kiln.jit
+    def g(x):
+        open("/dev/urandom", "rb").close()
+        return x + 1.0
+
+    kiln.configure(explain=True)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        assert float(f(jnp.float32(1.0))) == 2.0
+        assert float(g(jnp.float32(1.0))) == 2.0
+    assert kiln.stats().reasons["verify-path"] == 1
+    assert "taking the verify path: the trace reads /dev/urandom: it is a device" in caplog.text
