@@ -72,7 +72,7 @@ _DIGEST_SIZE = 32
 _KEY = re.compile(r"[0-9a-f]{64}")
 # The key parts an entry must share with this process to be loaded, with their names in reports.
 _CHECKED = {"format": "entry format", "kiln": "kiln", "jax": "jax", "jaxlib": "jaxlib",
-            "backend": "platform", "device": "devices"}
+            "backend": "platform", "device": "devices", "processes": "job topology"}
 
 
 # -- the file format -----------------------------------------------------------------------------

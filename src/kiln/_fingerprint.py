@@ -511,6 +511,8 @@ class _Walker:
             return False
         if getattr(type(v), "_kiln_walk_wrapped", False):
             return False  # kiln.noinline: its code (via __wrapped__), not its handle
+        if isinstance(v, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
+            return False  # (jax warns when asked to flatten one; it has no value: unsound)
         try:
             children, treedef = jax.tree_util.tree_flatten(v, is_leaf=lambda n: n is not v)
         except Exception:  # noqa: BLE001 - exotic flatten failures: not a pytree for us

@@ -254,15 +254,22 @@ def _named_global(obj: Any) -> tuple[str, str] | None:
 class _Pickler(pickle.Pickler):
     """Pickles an UnloadedMeshExecutable with the XLA executable, devices and client as ids."""
 
-    def __init__(self, file: io.BytesIO, callbacks: list[Any]) -> None:
+    def __init__(self, file: io.BytesIO, callbacks: list[Any],
+                 devices: tuple[int, ...] | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._callbacks = callbacks
+        self._devices = devices
         self.executable: bytes | None = None
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, _xc.LoadedExecutable):
             self.executable = obj.client.serialize_executable(obj)
-            return ("exec", tuple(d.id for d in obj.local_devices()))
+            # the program's global device assignment (UnloadedMeshExecutable.device_list), as
+            # JAX's cache deserializes with it: in a multi-process job each process then loads
+            # the executable onto its own local devices (its local_devices() are only the
+            # compiling process's)
+            ids = self._devices or tuple(d.id for d in obj.local_devices())
+            return ("exec", ids)
         if isinstance(obj, _xc.Device):
             return ("device", obj.id)
         if isinstance(obj, _xc.Client):
@@ -346,7 +353,9 @@ def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes],
         except Unserializable:  # the callables must be rebuilt by tracing
             mode = "trace"
     buf = io.BytesIO()
-    pickler = _Pickler(buf, unloaded.host_callbacks)
+    device_list = getattr(unloaded, "device_list", None)  # jax 0.4.31+: a DeviceList
+    pickler = _Pickler(buf, unloaded.host_callbacks,
+                       tuple(d.id for d in device_list) if device_list is not None else None)
     try:
         pickler.dump((unloaded, compiled.args_info, compiled.out_tree, compiled._no_kwargs))
     except Exception as e:  # noqa: BLE001

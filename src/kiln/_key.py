@@ -3,7 +3,9 @@
 Parts (each logged at DEBUG with its own short hash, so two keys can be diffed):
 
 - ``format``: the entry format version; ``kiln``, ``jax``, ``jaxlib``: versions;
-- ``backend``: platform, platform version, device kind and device count;
+- ``backend``: platform, platform version, device kind and device count (global: every
+  process of a ``jax.distributed`` job); ``processes``: the job's process count and devices per
+  process (never the process index, so a job's processes share entries);
 - ``config:<name>``: every jax config value that changes tracing (jax's own trace context: x64,
   default matmul precision, dtype promotion, ...); ``env:XLA_FLAGS``, ``env:LIBTPU_INIT_ARGS``;
 - ``function``: module + qualname; ``fingerprint``: the static-walk digest
@@ -59,6 +61,9 @@ def _static_environment() -> tuple[tuple[str, str], ...]:
         ("jaxlib", jaxlib.__version__),
         ("backend", f"{backend.platform} {backend.platform_version}"),
         ("device", f"{d0.device_kind} x{len(devices)}"),
+        # a multi-process job's topology (jax.distributed): the same in every process of the
+        # job, never the process index, so the job's processes share one entry
+        ("processes", f"{jax.process_count()} x{jax.local_device_count()}"),
     )
 
 

@@ -1,0 +1,166 @@
+"""Multi-process jobs (``jax.distributed`` on loopback, gloo CPU collectives), cold and warm.
+
+Every process of a job runs the same program on its own devices (as on TPU pods and multi-node
+GPU clusters). With one store shared by the job (a directory here; Redis and S3 share the same
+single-flight code), the job compiles each program once: one process takes the key's lease and
+compiles, the others wait and load the entry, each onto its own local devices. Warm, no process
+traces or compiles. Values and output shardings equal ``jax.jit``'s in every process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+JOB = r'''
+import json, os, sys
+pid, nproc, port, ndev = (int(a) for a in sys.argv[1:5])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=pid,
+                           initialization_timeout=120)
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+import kiln
+
+n = nproc * ndev
+mesh = jax.make_mesh((n,), ("d",))
+row = NamedSharding(mesh, P("d"))
+local = (np.arange(2 * ndev, dtype=np.float32) + pid * 2 * ndev)
+x = jax.make_array_from_process_local_data(row, local)
+
+
+def tanh_sum(x):
+    return jnp.tanh(x * 2.0).sum()
+
+
+def psum_map(x):
+    return jax.shard_map(lambda b: jax.lax.psum(b.sum(), "d") * jnp.ones_like(b),
+                         mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+
+def gather(x):
+    return jax.shard_map(lambda b: jax.lax.all_gather(b, "d", tiled=True)[:2] + b[:1],
+                         mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+
+def shift(x):
+    perm = [(i, (i + 1) % n) for i in range(n)]
+    return jax.shard_map(lambda b: jax.lax.ppermute(b, "d", perm),
+                         mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+
+def constrained(x):
+    return jax.lax.with_sharding_constraint(x * 3.0, NamedSharding(mesh, P()))
+
+
+CASES = {
+    "tanh_sum": (tanh_sum, {}),
+    "psum_map": (psum_map, {}),
+    "gather": (gather, {}),
+    "shift": (shift, {}),
+    "constrained": (constrained, {}),
+    "out_shardings": (lambda x: x + 1.0, {"out_shardings": NamedSharding(mesh, P())}),
+    "donated": (lambda x: x * 2.0, {"donate_argnums": 0}),
+}
+out = {}
+for name, (fn, opts) in CASES.items():
+    arg = jax.make_array_from_process_local_data(row, local) if name == "donated" else x
+    ref = jax.jit(fn, **{k: v for k, v in opts.items()})(
+        jax.make_array_from_process_local_data(row, local) if name == "donated" else x)
+    s0 = kiln.stats()
+    got = kiln.jit(fn, **opts)(arg)
+    s1 = kiln.stats()
+    out[name] = {
+        "value": multihost_utils.process_allgather(got, tiled=True).tolist(),
+        "ref": multihost_utils.process_allgather(ref, tiled=True).tolist(),
+        "spec": str(got.sharding.spec), "ref_spec": str(ref.sharding.spec),
+        **{k: getattr(s1, k) - getattr(s0, k) for k in ("hits", "traces", "compiles")},
+    }
+print("JOB " + json.dumps({"pid": pid, "cases": out}), flush=True)
+jax.distributed.shutdown()
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path]) -> list[dict[str, Any]]:
+    """Start ``nproc`` processes of one job (process i on store ``stores[i % len(stores)]``)
+    and return each one's report, in process order."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    port = _free_port()
+    procs = []
+    for pid in range(nproc):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+        env |= {"KILN_CACHE_DIR": str(stores[pid % len(stores)]), "KILN_JAX_CACHE": "0",
+                "JAX_PLATFORMS": "cpu"}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(script), str(pid), str(nproc), str(port), str(ndev)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    reports = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=400)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("JOB ")]
+        assert p.returncode == 0 and lines, f"exit {p.returncode}\n{stderr[-3000:]}"
+        reports.append(json.loads(lines[-1][4:]))
+    return reports
+
+
+def _check_values(reports: list[dict[str, Any]]) -> None:
+    for r in reports:
+        for name, c in r["cases"].items():
+            assert c["value"] == c["ref"], (r["pid"], name, c)
+            assert c["spec"] == c["ref_spec"], (r["pid"], name, c)
+
+
+@pytest.mark.parametrize(("nproc", "ndev"), [(2, 2), (4, 1)])
+def test_a_job_on_one_shared_store_compiles_each_program_once(
+    tmp_path: Path, nproc: int, ndev: int
+) -> None:
+    store = tmp_path / "shared"
+    cold = run_job(tmp_path, nproc, ndev, [store])
+    _check_values(cold)
+    for name in cold[0]["cases"]:
+        compiles = [r["cases"][name]["compiles"] for r in cold]
+        assert sum(compiles) == 1, (name, compiles)  # one compile per job; the others load
+        assert sum(r["cases"][name]["hits"] for r in cold) == nproc - 1, name
+    warm = run_job(tmp_path, nproc, ndev, [store])
+    _check_values(warm)
+    for r in warm:
+        for name, c in r["cases"].items():
+            assert (c["hits"], c["traces"], c["compiles"]) == (1, 0, 0), (r["pid"], name, c)
+
+
+def test_a_job_on_per_host_stores_compiles_per_host_and_warm_starts(tmp_path: Path) -> None:
+    stores = [tmp_path / "host0", tmp_path / "host1"]
+    cold = run_job(tmp_path, 2, 2, stores)
+    _check_values(cold)
+    for r in cold:
+        assert all(c["compiles"] == 1 for c in r["cases"].values()), r
+    warm = run_job(tmp_path, 2, 2, stores)
+    _check_values(warm)
+    for r in warm:
+        assert all((c["hits"], c["traces"], c["compiles"]) == (1, 0, 0)
+                   for c in r["cases"].values()), r
