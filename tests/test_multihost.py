@@ -66,6 +66,13 @@ def constrained(x):
     return jax.lax.with_sharding_constraint(x * 3.0, NamedSharding(mesh, P()))
 
 
+w = jnp.full((2 * n,), 0.5)  # uncommitted: on this process's default device
+
+
+def mixed(x, w):
+    return x * w + 1.0
+
+
 CASES = {
     "tanh_sum": (tanh_sum, {}),
     "psum_map": (psum_map, {}),
@@ -76,17 +83,35 @@ CASES = {
     "donated": (lambda x: x * 2.0, {"donate_argnums": 0}),
 }
 out = {}
+CASES["mixed"] = (mixed, {})  # a sharded argument and an uncommitted one: one program
+CASES["local_only"] = (lambda a: a * 2.0 + 1.0, {})  # no committed argument: per process
+
+
+def args_of(name):
+    if name == "donated":
+        return (jax.make_array_from_process_local_data(row, local),)
+    if name == "mixed":
+        return (x, w)
+    if name == "local_only":
+        return (jnp.arange(3.0),)
+    return (x,)
+
+
+def host(a):
+    if a.is_fully_addressable:
+        return np.asarray(a).tolist()
+    return multihost_utils.process_allgather(a, tiled=True).tolist()
+
+
 for name, (fn, opts) in CASES.items():
-    arg = jax.make_array_from_process_local_data(row, local) if name == "donated" else x
-    ref = jax.jit(fn, **{k: v for k, v in opts.items()})(
-        jax.make_array_from_process_local_data(row, local) if name == "donated" else x)
+    ref = jax.jit(fn, **opts)(*args_of(name))
     s0 = kiln.stats()
-    got = kiln.jit(fn, **opts)(arg)
+    got = kiln.jit(fn, **opts)(*args_of(name))
     s1 = kiln.stats()
     out[name] = {
-        "value": multihost_utils.process_allgather(got, tiled=True).tolist(),
-        "ref": multihost_utils.process_allgather(ref, tiled=True).tolist(),
-        "spec": str(got.sharding.spec), "ref_spec": str(ref.sharding.spec),
+        "value": host(got), "ref": host(ref),
+        "spec": str(getattr(got.sharding, "spec", got.sharding)),
+        "ref_spec": str(getattr(ref.sharding, "spec", ref.sharding)),
         **{k: getattr(s1, k) - getattr(s0, k) for k in ("hits", "traces", "compiles")},
     }
 print("JOB " + json.dumps({"pid": pid, "cases": out}), flush=True)
@@ -144,6 +169,11 @@ def test_a_job_on_one_shared_store_compiles_each_program_once(
     _check_values(cold)
     for name in cold[0]["cases"]:
         compiles = [r["cases"][name]["compiles"] for r in cold]
+        if name == "local_only":
+            # no committed argument: each process runs it on its own default device, so each
+            # compiles its own program (as jax.jit does), under its own key
+            assert compiles == [1] * nproc, compiles
+            continue
         assert sum(compiles) == 1, (name, compiles)  # one compile per job; the others load
         assert sum(r["cases"][name]["hits"] for r in cold) == nproc - 1, name
     warm = run_job(tmp_path, nproc, ndev, [store])

@@ -115,13 +115,23 @@ _ARRAY_IMPL = _jax_compat.ArrayImpl
 MULTI_DEVICE: bool | None = None
 
 
+def _array_sig(x: Any) -> Any:
+    """A jax Array's aval; with several devices, ``(aval, sharding)``: a committed array's
+    sharding picks the executable. An uncommitted array (made without a device: ``jnp.ones``,
+    ``jax.random``) lives on the process's default device and constrains nothing, as in
+    ``jax.jit``: its sharding is None, so the processes of a multi-process job, each with its
+    own default device, share one key."""
+    if not MULTI_DEVICE:
+        return x.aval
+    return (x.aval, x.sharding if x.committed else None)
+
+
 def leaf_sig(x: Any) -> Any:
     """In-process signature of one leaf: its aval (shape, dtype, weak_type, sharding), the
     Python type for Python scalars, None for a tracer, STATIC_LEAF for a non-JAX value."""
     t = type(x)
     if t is _ARRAY_IMPL:
-        # with several devices the sharding (and committed device) picks the executable
-        return (x.aval, x.sharding) if MULTI_DEVICE else x.aval
+        return _array_sig(x)
     if t in _SCALARS:
         return t
     if _jax_compat.is_tracer(x):
@@ -141,7 +151,7 @@ def filter_leaf_sig(x: Any) -> Any:
     STATIC_LEAF."""
     t = type(x)
     if t is _ARRAY_IMPL:
-        return (x.aval, x.sharding) if MULTI_DEVICE else x.aval
+        return _array_sig(x)
     if _jax_compat.is_tracer(x):
         return None
     if isinstance(x, _SIG_TYPES):  # (precompile takes structs)

@@ -161,7 +161,8 @@ def structs(leaves: list[Any]) -> list[jax.ShapeDtypeStruct]:
     return [
         jax.ShapeDtypeStruct(
             x.shape, x.dtype, weak_type=jax.typeof(x).weak_type,
-            sharding=x.sharding if multi and isinstance(x, jax.Array) else None,
+            sharding=x.sharding if multi and isinstance(x, jax.Array) and x.committed
+            else None,
         )
         for x in leaves
     ]
@@ -275,7 +276,9 @@ def _aval_text(sig: Any) -> str:
         return f"python-{sig.__name__}"
     sharding = ""
     if isinstance(sig, tuple):  # (aval, sharding) when there are several devices
-        sig, sharding = sig[0], f"@{_jax_compat.sharding_text(sig[1])}"
+        if sig[1] is not None:  # (None: an uncommitted array, placed where jax.jit puts it)
+            sharding = f"@{_jax_compat.sharding_text(sig[1])}"
+        sig = sig[0]
     weak = "~weak" if sig.weak_type else ""
     return f"{sig.dtype}{list(sig.shape)}{weak}{sharding}"
 
@@ -409,6 +412,13 @@ class _Miss:
               (("in_shardings", jf._in_shardings), ("out_shardings", jf._out_shardings))
               if v is not None],
         ]
+        if _args.MULTI_DEVICE and not any(
+                isinstance(s, tuple) and s[1] is not None for s in sigs) \
+                and jf._in_shardings is None:
+            # no committed argument: jax.jit runs the program on this process's default
+            # device, so the executable is bound to it (in a multi-process job each process
+            # has its own); with a committed argument its sharding decides (in the signature)
+            self.base_parts.append(("default-device", _jax_compat.default_device_text()))
         donated = jf._donated_leaves(arg_statics, len(dyn_args), treedef,
                                      static_leaves)
         if donated:

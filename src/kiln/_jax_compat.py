@@ -174,6 +174,16 @@ def sharding_text(sharding: Any) -> str:
     return f"{_ADDR.sub('', repr(sharding))}{ids}"
 
 
+def default_device_text() -> str:
+    """The device a program with no committed argument runs on in this process: the
+    ``jax_default_device`` setting, else this process's first local device (its id is global:
+    another process of a ``jax.distributed`` job has another one)."""
+    d = jax.config.jax_default_device or jax.local_devices()[0]  # type: ignore[attr-defined]
+    if isinstance(d, str):  # a platform name ("cpu")
+        d = jax.local_devices(backend=d)[0]
+    return f"{d.platform}:{d.id}"
+
+
 def jit_disabled() -> bool:
     """``jax.disable_jit()`` is in force (``jax_disable_jit`` config)."""
     return bool(_jax_config.disable_jit.value)
