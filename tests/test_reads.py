@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -173,3 +174,28 @@ def test_kiln_jit_keys_the_file_and_explains_the_verify_path(
         assert float(g(jnp.float32(1.0))) == 2.0
     assert kiln.stats().reasons["verify-path"] == 1
     assert "taking the verify path: the trace reads /dev/urandom: it is a device" in caplog.text
+
+
+def test_kiln_s_own_writes_through_jax_s_cache_while_tracing_are_not_reads(cwd: Path) -> None:
+    """An eager operation inside a trace compiles, and the kiln:// route writes JAX's cache
+    value into kiln's store (``os.fdopen`` of a temporary file) while the trace runs: neither
+    an input nor a reason for the verify path (it sent the Lotka-Volterra fit there)."""
+
+    @kiln.jit
+    def f(x):
+        with jax.ensure_compile_time_eval():  # eager ops, compiled now (as libraries do)
+            n = float(jnp.sum(jnp.arange(4.0) * 2.0))
+        return x * n
+
+    kiln.enable_jax_cache()
+    assert float(f(jnp.float32(1.0))) == 12.0
+    assert kiln.stats().jax_cache_writes >= 1
+    assert kiln.stats().reasons["verify-path"] == 0
+
+
+def test_a_written_file_descriptor_is_an_output(cwd: Path) -> None:
+    with ReadRecorder() as r:
+        fd = os.open("out.bin", os.O_WRONLY | os.O_CREAT)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(b"x")
+    assert r.items() == [] and r.unkeyable is None

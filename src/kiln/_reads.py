@@ -114,7 +114,12 @@ def _caller_is_machinery() -> bool:
     except ValueError:  # called from C with no Python frame above
         return False
     name = frame.f_code.co_filename
-    if name.startswith(("<frozen importlib", _KILN_ROOT)):
+    if name.startswith("<frozen importlib"):
+        return True
+    while name.startswith("<frozen ") and frame.f_back is not None:
+        frame = frame.f_back  # a frozen stdlib helper (os.fdopen): who called it
+        name = frame.f_code.co_filename
+    if name.startswith(_KILN_ROOT):
         return True
     for _ in range(2):  # linecache -> tokenize.open -> open
         if name.endswith(_SOURCE_READERS) and name.startswith(LIB_ROOTS):
@@ -139,8 +144,8 @@ def _record(event: str, args: tuple[Any, ...], recorders: list[ReadRecorder]) ->
     elif path is None:
         path = "."
     if isinstance(path, int):
-        if _caller_is_machinery():
-            return
+        if access == os.O_WRONLY or _caller_is_machinery():
+            return  # (a written fd is an output; os.fdopen in kiln's store writes)
         for r in recorders:
             r.unkeyable = r.unkeyable or f"the trace reads file descriptor {path} ({event})"
         return
