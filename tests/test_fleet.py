@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln._entry import FORMAT_VERSION
 from kiln.stores import LayeredStore, LocalStore, open_store
 
 # A program whose XLA compile takes about a second on this machine: long enough that processes
@@ -572,14 +573,15 @@ def test_a_redis_key_of_another_type_is_one_bad_entry_replaced(redis_url, tmp_pa
         remote = open_store(kiln.get_config(), layered=False)
         (key,) = remote.iter()
         client = redis.Redis.from_url(redis_url)
-        client.delete(f"kiln:v2:entry:{key}")
-        client.hset(f"kiln:v2:entry:{key}", "not", "an entry")  # a hash where an entry goes
+        name = f"kiln:v{FORMAT_VERSION}:entry:{key}"
+        client.delete(name)
+        client.hset(name, "not", "an entry")  # a hash where an entry goes
         kiln.reset_stats()
         with pytest.warns(kiln.StoreWarning, match="unusable"):
             np.testing.assert_array_equal(_run(x), want)
         s = kiln.stats()
         assert s.bad_entries == 1 and s.compiles == 1 and s.remote_errors == 0
-        assert client.type(f"kiln:v2:entry:{key}") == b"string"  # replaced
+        assert client.type(name) == b"string"  # replaced
         client.close()
         kiln.reset_stats()
         np.testing.assert_array_equal(_run(x), want)

@@ -58,6 +58,10 @@ class Unhashable:
     __hash__ = None  # type: ignore[assignment]
 
 
+class DictSub(dict):  # type: ignore[type-arg]
+    """A dict subclass with no pytree registration."""
+
+
 class Custom:
     def __init__(self, v: int) -> None:
         self.v = v
@@ -79,9 +83,36 @@ def test_golden_digests() -> None:
     assert array_digest(np.arange(4, dtype=np.int32)) == "ac1e55c07d4f1a409ca0f7f9ef5f6bf6"
     assert d(np.arange(4, dtype=np.int32)) == "1c07d8af041c1e263329c14680c180f8"
     assert d((1, 2.5, "a")) == "f728be53d8d107b375f85a0da808ede3"
-    assert d({"b": 1, "a": None}) == "6b7bc6878812336cd557a5d74d1ea5cc"
+    assert d({"b": 1, "a": None}) == "c773d3a72395a148b0a83fcc3d727cd8"
+    assert d({"a": None, "b": 1}) == "fe02d0ce0bf434198d020e462e3a17bb"  # in insertion order
     assert d(1) == "5c0fabed007821c11267cbb5dcaed171"
     assert d(http.HTTPStatus.OK) == "ed7b739cd8cd203f9b5d4e051d4c7992"
+
+
+def test_golden_digests_of_mappings_and_shardings() -> None:
+    """Pinned as above (a change bumps ``_entry.FORMAT_VERSION``): mappings other than dict,
+    and the sharding objects that need no accelerator (the CPU device is ``cpu:0`` everywhere)."""
+    import collections
+
+    from flax.core import FrozenDict
+    from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, SingleDeviceSharding
+    from jax.sharding import PartitionSpec as P
+
+    assert d(collections.OrderedDict(b=1, a=None)) == "4bc3f190d9ff8c101af8a46f9a1bbd5c"
+    assert d(collections.defaultdict(int, {"b": 1, "a": None})) == (
+        "07ddc0c8ef86b595f2c32f8452ef974e"
+    )
+    assert d(FrozenDict({"b": 1, "a": None})) == "5780990569579dfd9759527217006baa"
+    assert d(P("a", None, ("a", "b"), P.UNCONSTRAINED)) == "3b2b1693e90fb7e745022c5b79b8951a"
+    assert d(AxisType.Explicit) == "28b3048ce491719a8511a6af98c51fc0"
+    assert d(AbstractMesh((2, 4), ("a", "b"))) == "b89964b7ee9a80ab33f0d3ecc4c41da0"
+    cpu = jax.devices("cpu")[0]
+    assert d(cpu) == "457c16acb1af33ad2a90e7bed5c4281a"
+    mesh = Mesh(np.array([cpu]), ("d",))
+    assert d(mesh) == "0d07840530fb1d718a99d332ad3c85a3"
+    assert d(NamedSharding(mesh, P("d"))) == "b0e74d9cb9c56c728fdccd7b9b95a03e"
+    assert d(SingleDeviceSharding(cpu)) == "000c15947a71ef7282566eff0cbaf4e9"
+    assert d(np.array([cpu], dtype=object)) == "976c7c14cfbdde0191105d1fac23a62d"
 
 
 @pytest.mark.slow
@@ -134,9 +165,41 @@ def test_big_ints() -> None:
     assert len({d(v) for v in values}) == len(values)
 
 
-def test_dict_order_irrelevant() -> None:
-    assert d({"a": 1, "b": [2, 3], 4: None}) == d({4: None, "b": [2, 3], "a": 1})
+def test_dict_insertion_order_matters() -> None:
+    """Code iterating a static dict (``[x * v for v in cfg.values()]``) builds another program
+    for another order, so the order is part of the value."""
+    assert d({"a": 1, "b": [2, 3], 4: None}) != d({4: None, "b": [2, 3], "a": 1})
+    assert d({"a": 1, "b": [2, 3], 4: None}) == d({"a": 1, "b": [2, 3], 4: None})
     assert d({"a": 1, "b": 2}) != d({"a": 2, "b": 1})
+    assert d({"a": {"x": 1, "y": 2}}) != d({"a": {"y": 2, "x": 1}})  # nested too
+    assert d({("a", "b"): 1}) != d({"a": "b", 1: None})  # keys and values stay apart
+
+
+def test_dict_subclasses_in_order_and_by_class() -> None:
+    import collections
+
+    ab, ba = {"a": 1, "b": 2}, {"b": 2, "a": 1}
+    od = collections.OrderedDict
+    assert d(od(ab)) == d(od(ab))
+    assert d(od(ab)) != d(od(ba))
+    assert d(od(ab)) != d(ab)  # the class is part of the value
+    dd = collections.defaultdict
+    assert d(dd(int, ab)) == d(dd(int, ab))
+    assert d(dd(int, ab)) != d(dd(int, ba))
+    assert d(dd(int, ab)) != d(dd(list, ab))  # a trace can call the default_factory
+    assert d(dd(None, ab)) != d(dd(int, ab))
+    assert d(DictSub(ab)) != d(DictSub(ba))
+    assert d(DictSub(ab)) != d(ab)
+
+
+def test_frozendict_in_order_not_through_its_sorting_flatten() -> None:
+    from flax.core import FrozenDict
+
+    ab, ba = {"a": 1.0, "b": 2.0}, {"b": 2.0, "a": 1.0}
+    assert d(FrozenDict(ab)) == d(FrozenDict(ab))
+    assert d(FrozenDict(ab)) != d(FrozenDict(ba))  # its pytree flatten sorts the keys
+    assert d(FrozenDict(ab)) != d(ab)
+    assert d(FrozenDict({"n": ab})) != d(FrozenDict({"n": ba}))
 
 
 def test_set_order_irrelevant() -> None:
@@ -397,12 +460,25 @@ def test_property_equal_structure_equal_digest(v: Any) -> None:
     assert d(v) == d(copy.deepcopy(v))
 
 
+_keys = st.text(max_size=4) | st.integers(-3, 3) | st.tuples(st.integers(0, 2), st.text(max_size=2))
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(st.text(max_size=4), st.integers(), max_size=6), st.randoms())
-def test_property_dict_order_irrelevant(v: dict[str, int], rnd: Any) -> None:
+@given(st.dictionaries(_keys, _values, min_size=2, max_size=6), st.data())
+def test_property_dict_insertion_order_is_part_of_the_digest(
+    v: dict[Any, Any], data: st.DataObject
+) -> None:
+    """Another insertion order of the same items: another digest (``[x * v for v in
+    cfg.values()]`` traces another program); the same items in the same order: the same one."""
+    import collections
+
     items = list(v.items())
-    rnd.shuffle(items)
-    assert d(v) == d(dict(items))
+    other = data.draw(st.permutations(items).filter(lambda p: [k for k, _ in p] != list(v)))
+    assert dict(other) == v  # equal by ==, as a dict
+    assert d(dict(other)) != d(v)
+    assert d(dict(items)) == d(v)
+    assert d(collections.OrderedDict(other)) != d(collections.OrderedDict(items))
+    assert d({"cfg": dict(other)}) != d({"cfg": v})
 
 
 class _FrozenMap(Mapping):  # an immutable mapping class, as flax's HashableMapping
@@ -427,6 +503,26 @@ def test_hashable_mapping_by_items() -> None:
     assert static_digest(a, argname="m") == static_digest(_FrozenMap({"k": 1}), argname="m")
     assert static_digest(a, argname="m") != static_digest(b, argname="m")
     assert static_digest(a, argname="m") != static_digest({"k": 1}, argname="m")  # class counts
+    assert d(_FrozenMap({"a": 1, "b": 2})) != d(_FrozenMap({"b": 2, "a": 1}))  # in order
+
+
+def test_flax_hashable_mapping_in_order() -> None:
+    from flax.nnx.graph import HashableMapping
+
+    ab, ba = {"a": 1, "b": 2}, {"b": 2, "a": 1}
+    assert HashableMapping(ab) == HashableMapping(ba)  # its == ignores the order; kiln does not
+    assert d(HashableMapping(ab)) == d(HashableMapping(ab))
+    assert d(HashableMapping(ab)) != d(HashableMapping(ba))
+    assert d(HashableMapping(ab)) != d(_FrozenMap(ab))
+
+
+def test_unhashable_non_dict_mapping_is_still_refused() -> None:
+    """``os.environ`` and other mutable mappings are not hashed by their items (the fingerprint
+    walker counts ``os.environ`` by library version, never by the whole environment)."""
+    import os
+
+    with pytest.raises(StaticArgumentError, match="not hashable"):
+        d(os.environ)
 
 
 def test_operator_callables_by_what_they_call() -> None:

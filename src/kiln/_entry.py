@@ -40,7 +40,9 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "pe
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
-FORMAT_VERSION = 2  # 2: an inlined (tier-up) entry's "lowered" is its inlined module's
+# 2: an inlined (tier-up) entry's "lowered" is its inlined module's; 3: static mappings are
+# hashed in iteration order, devices / meshes / shardings by value (kiln._hashing)
+FORMAT_VERSION = 3
 _PREFIX = struct.Struct("<8sIIQB7x")
 _DIGEST_SIZE = 32
 

@@ -24,6 +24,8 @@ verify path (trace + lower, key by the lowered module, skip only the compile).
 from __future__ import annotations
 
 import builtins
+import collections
+import collections.abc
 import dataclasses
 import dis
 import enum
@@ -362,6 +364,23 @@ class _Walker:
             return
         if isinstance(v, _PyTreeDef):
             self.treedef(name, v)
+            return
+        if (
+            isinstance(v, collections.abc.Mapping)
+            and (isinstance(v, dict) or type(v).__hash__ is not None)
+            and getattr(type(v), "__kiln_digest__", None) is None
+        ):
+            # a dict subclass or an immutable mapping (FrozenDict, HashableMapping): in
+            # iteration order, before the pytree branch (FrozenDict's flatten sorts its keys);
+            # a class with __kiln_digest__ says itself what it is (below)
+            cls = type(v)
+            self.klass(cls)
+            self.add(f"mapping:{name}", f"{cls.__module__}.{cls.__qualname__}[{len(v)}]")
+            if isinstance(v, collections.defaultdict):
+                self.value(f"{name}.default_factory", v.default_factory)
+            for i, (k, item) in enumerate(v.items()):
+                self.value(f"{name}.<key {i}>", k)
+                self.value(f"{name}[{k!r}]" if type(k) in _SCALARS else f"{name}[{i}]", item)
             return
         if isinstance(v, _RNGS):
             # a random generator read while tracing (``np.random.randn`` building a constant):

@@ -11,8 +11,26 @@ What "equal" means:
   ``1``, ``1.0``, ``True``, ``"1"``, ``np.int32(1)`` and ``np.float32(1)`` all differ.
 * Floats are compared by IEEE-754 bits: ``-0.0`` differs from ``0.0`` and a NaN equals a NaN with
   the same bits (unlike ``==``).
-* ``dict`` keys and ``set``/``frozenset`` elements are sorted by their own digest, so insertion
-  order does not matter.
+* A mapping is keyed IN ITERATION ORDER: ``{"a": 1, "b": 2}`` and ``{"b": 2, "a": 1}`` differ,
+  because code iterating it (``[x * v for v in cfg.values()]``) builds a different program. This
+  holds for ``dict``, its subclasses (``OrderedDict``; ``defaultdict`` also records its
+  ``default_factory``, which a trace can call), ``flax.core.FrozenDict`` (a pytree whose flatten
+  sorts its keys, so it is hashed as a mapping, never through the pytree), flax's
+  ``HashableMapping`` (in an nnx ``GraphDef``) and any other hashable
+  ``collections.abc.Mapping``; a mapping other than a plain ``dict`` also records its class.
+  An unhashable mapping that is not a ``dict`` (``os.environ``, a custom ``MutableMapping``) is
+  not hashed by its items (nothing says they are all of its value): a registered pytree node is
+  hashed as one, anything else is refused as unhashable.
+* ``set``/``frozenset`` elements are sorted by their own digest, so two equal sets get one digest:
+  a set has no order of its own that survives processes (the iteration order of a set of strings
+  changes with ``PYTHONHASHSEED``), so sorting is the only order that is the same in every process.
+* Sharding objects are hashed by what they mean, never by identity or their private caches: a
+  ``jax.Device`` by id, platform, device kind and process index; a ``jax.sharding.Mesh`` (used or
+  not) by axis names, devices shape, axis types and each device; an ``AbstractMesh`` by axis sizes,
+  names, types and its abstract device; a ``NamedSharding`` by mesh, ``PartitionSpec`` and memory
+  kind; a ``SingleDeviceSharding`` by device and memory kind; an ``AxisType`` by member name. A
+  NumPy object array whose elements are all devices is hashed as a device array. Two processes of
+  one job see the same device ids, so they get one digest for one mesh.
 * Arrays are hashed by dtype + shape + logical bytes (C order): a non-contiguous view equals its
   contiguous copy; ``(2, 2)`` and ``(4,)`` zeros differ; ``int32`` and ``float32`` arrays with the
   same bytes differ. NumPy arrays are mutable, so their digest is recomputed on every call (about
@@ -43,10 +61,22 @@ encoding; ``digest`` is the 16 raw bytes of a nested ``xxh3_128``::
     str                  b"s" str
     bytes / bytearray    b"b" / b"B"  u64 + bytes
     tuple / list         b"(" / b"["  u64 count + <value>...
-    dict                 b"{" u64 count + (key digest + <value>)... sorted by key digest
+    dict                 b"{" u64 count + (<key> <value>)... in iteration order
+    other mapping        b"M" name + (b"f" <default_factory> for a defaultdict | b"-")
+                             + the dict encoding of its items in iteration order
     frozenset / set      b"Z" / b"z"  u64 count + element digest... sorted
     array                b"A" digest, where the array digest hashes
                              dtype + u64 ndim + i64 per dim + C-order bytes (+ b"w" if weak jax)
+    device array         b"V" u64 ndim + i64 per dim + <element>... in C order
+    jax.Device           b"v" i64 id + str platform + str device_kind + i64 process_index
+    Mesh                 b"m" <axis names tuple> <device array> <axis types tuple>
+    AbstractMesh         b"a" <axis sizes tuple> <axis names tuple> <axis types tuple>
+                             <abstract device: None, or tuple of (str field, <value>)>
+    PartitionSpec        b"p" u64 count + (b"u" for UNCONSTRAINED | <entry>)...
+                             <unreduced frozenset> <reduced frozenset>
+    NamedSharding        b"n" <mesh> <spec> <memory_kind> <logical device ids or None>
+    SingleDeviceSharding b"1" <device> <memory_kind>
+    AxisType             b"x" str member name
     numpy scalar         b"g" dtype + u64 + bytes
     numpy dtype          b"d" dtype           (dtype = str dtype.str [+ str(dtype) for kind "V"])
     enum member          b"E" name + str member name + <value>
@@ -55,8 +85,11 @@ encoding; ``digest`` is the 16 raw bytes of a nested ``xxh3_128``::
     functools.partial    b"P" <func> <args tuple> <keywords dict>
     ShapeDtypeStruct     b"J" <shape tuple> dtype + b"T"/b"F" weak_type
     dataclass instance   b"D" name + u64 count + (str field name + <value>)...
+    operator callable    b"O" str qualname + <its __reduce__ tuple>
     builtin subclass     b"X" name + <value as the builtin base type>
     pytree node          b"R" name + <aux data> + u64 count + <child>...
+    pytree structure     b"t" + per node: b"*" leaf | b"0" None | b"N" name <aux> u64 count
+                             + <child node>...
     __kiln_digest__      b"U" name + u64 + bytes
 """
 
@@ -72,7 +105,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import numpy as np
@@ -402,18 +435,40 @@ def _sub_digest(v: Any, argname: str, path: _Path) -> bytes:
     return h.digest()
 
 
-def _enc_dict(h: _Hasher, v: dict[Any, Any], argname: str, path: _Path) -> None:
-    items = sorted(
-        ((_sub_digest(k, argname, (path, _KEY, k)), k, val) for k, val in v.items()),
-        key=lambda t: t[0],
-    )
+def _enc_items(
+    h: _Hasher, items: collections.abc.Collection[tuple[Any, Any]], argname: str, path: _Path
+) -> None:
+    """The items of a mapping IN ITERATION ORDER: the order is part of the value, since a trace
+    that iterates the mapping (``[x * v for v in cfg.values()]``) builds another program."""
     h.update(b"{" + _pack_q(len(items)))
-    for kd, k, val in items:
-        h.update(kd)
-        _encode(h, val, argname, (path, _KEY, k))
+    for k, val in items:
+        item_path = (path, _KEY, k)
+        _encode(h, k, argname, item_path)
+        _encode(h, val, argname, item_path)
+
+
+def _enc_dict(h: _Hasher, v: dict[Any, Any], argname: str, path: _Path) -> None:
+    _enc_items(h, v.items(), argname, path)
+
+
+def _enc_mapping(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    """A mapping other than a plain dict: its class by name (a ``defaultdict`` also by its
+    ``default_factory``), then its items in iteration order, as a dict."""
+    tp = type(v)
+    h.update(b"M")
+    _write_name(h, tp, "mapping class", argname, path)
+    if isinstance(v, collections.defaultdict):
+        h.update(b"f")
+        _encode(h, v.default_factory, argname, (path, _ATTR, "default_factory"))
+    else:
+        h.update(b"-")
+    _enc_items(h, list(v.items()), argname, path)  # (a list: len and iteration agree)
 
 
 def _enc_set(tag: bytes) -> _Encoder:
+    # Sorted by element digest: a set has no order of its own that survives processes (a set of
+    # strings iterates in an order that changes with PYTHONHASHSEED), so equal sets must get one
+    # digest whatever order this process happens to iterate them in.
     def enc(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
         digests = sorted(_sub_digest(item, argname, path) for item in v)
         h.update(tag + _pack_q(len(digests)))
@@ -421,6 +476,117 @@ def _enc_set(tag: bytes) -> _Encoder:
             h.update(d)
 
     return enc
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices and shardings, by what they mean (never by identity, nor through a Mesh's private
+# caches such as ``_flat_devices_set``, which the generic fallbacks would reach)
+
+_Device: type = jax.Device
+_Mesh: type = jax.sharding.Mesh
+_AbstractMesh: type = jax.sharding.AbstractMesh
+_NamedSharding: type = jax.sharding.NamedSharding
+_PartitionSpec: type = jax.sharding.PartitionSpec
+_SingleDeviceSharding: type = jax.sharding.SingleDeviceSharding
+_AxisType: type = jax.sharding.AxisType
+_UNCONSTRAINED = jax.sharding.PartitionSpec.UNCONSTRAINED
+
+
+def _enc_device(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    # ids and process indices are global in a multi-process job: every process agrees on them
+    h.update(b"v" + _pack_i64(v.id))
+    _write_str(h, v.platform)
+    _write_str(h, v.device_kind)
+    h.update(_pack_i64(v.process_index))
+
+
+def _enc_device_array(h: _Hasher, a: np.ndarray[Any, Any], argname: str, path: _Path) -> None:
+    shape = a.shape
+    h.update(b"V" + _pack_q(len(shape)))
+    if shape:
+        h.update(struct.pack(f"<{len(shape)}q", *shape))
+    for i, item in enumerate(a.flat):
+        _encode(h, item, argname, (path, _INDEX, i))
+
+
+def _is_device_array(v: Any) -> TypeGuard[np.ndarray[Any, Any]]:
+    return (
+        type(v) is np.ndarray
+        and v.dtype.kind == "O"
+        and v.size > 0
+        and all(isinstance(d, _Device) for d in v.flat)
+    )
+
+
+def _enc_mesh(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    h.update(b"m")
+    _encode(h, tuple(v.axis_names), argname, (path, _ATTR, "axis_names"))
+    _enc_device_array(h, np.asarray(v.devices), argname, (path, _ATTR, "devices"))
+    _encode(h, tuple(v.axis_types), argname, (path, _ATTR, "axis_types"))
+
+
+def _enc_abstract_mesh(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    h.update(b"a")
+    _encode(h, tuple(v.axis_sizes), argname, (path, _ATTR, "axis_sizes"))
+    _encode(h, tuple(v.axis_names), argname, (path, _ATTR, "axis_names"))
+    _encode(h, tuple(v.axis_types), argname, (path, _ATTR, "axis_types"))
+    device = v.abstract_device
+    if device is not None:
+        names = (
+            [f.name for f in dataclasses.fields(device)]
+            if dataclasses.is_dataclass(device)
+            else ["device_kind", "num_cores", "platform"]
+        )
+        device = tuple((n, getattr(device, n)) for n in names)
+    _encode(h, device, argname, (path, _ATTR, "abstract_device"))
+
+
+def _enc_partition_spec(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    parts = tuple(v.partitions) if hasattr(v, "partitions") else tuple(v)
+    h.update(b"p" + _pack_q(len(parts)))
+    for i, part in enumerate(parts):
+        if part is _UNCONSTRAINED:
+            h.update(b"u")
+        else:
+            _encode(h, part, argname, (path, _INDEX, i))
+    _encode(h, frozenset(getattr(v, "unreduced", ())), argname, (path, _ATTR, "unreduced"))
+    _encode(h, frozenset(getattr(v, "reduced", ())), argname, (path, _ATTR, "reduced"))
+
+
+def _enc_named_sharding(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    h.update(b"n")
+    _encode(h, v.mesh, argname, (path, _ATTR, "mesh"))
+    _encode(h, v.spec, argname, (path, _ATTR, "spec"))
+    _encode(h, v.memory_kind, argname, (path, _ATTR, "memory_kind"))
+    # a constructor argument of NamedSharding (jax 0.10: part of its __eq__ and __hash__); read
+    # as an attribute, as jax itself does, with no import of jax._src
+    ids = getattr(v, "_logical_device_ids", None)
+    _encode(h, None if ids is None else tuple(ids), argname, (path, _ATTR, "_logical_device_ids"))
+
+
+def _enc_single_device_sharding(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    (device,) = v.device_set
+    h.update(b"1")
+    _encode(h, device, argname, (path, _ATTR, "device"))
+    _encode(h, v.memory_kind, argname, (path, _ATTR, "memory_kind"))
+
+
+def _enc_axis_type(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
+    h.update(b"x")
+    _write_str(h, v.name)
+
+
+# checked by exact type first (_EXACT), then by isinstance before any generic fallback
+_SHARDING_ENCODERS: tuple[tuple[type, _Encoder], ...] = (
+    (_Device, _enc_device),
+    (_Mesh, _enc_mesh),
+    (_AbstractMesh, _enc_abstract_mesh),
+    (_NamedSharding, _enc_named_sharding),
+    (_PartitionSpec, _enc_partition_spec),
+    (_SingleDeviceSharding, _enc_single_device_sharding),
+    (_AxisType, _enc_axis_type),
+)
+_SHARDING_TYPES = tuple(t for t, _ in _SHARDING_ENCODERS)
 
 
 _EXACT: dict[type, _Encoder] = {
@@ -437,6 +603,7 @@ _EXACT: dict[type, _Encoder] = {
     dict: _enc_dict,
     frozenset: _enc_set(b"Z"),
     set: _enc_set(b"z"),
+    **dict(_SHARDING_ENCODERS),
 }
 
 # Builtin bases, most specific first, for subclasses (IntEnum and friends are caught earlier).
@@ -450,10 +617,9 @@ _BUILTIN_BASES: tuple[type, ...] = (
     bytearray,
     tuple,
     list,
-    dict,
     frozenset,
     set,
-)
+)  # (dict subclasses are mappings: _enc_mapping)
 
 
 def _encode(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
@@ -466,7 +632,13 @@ def _encode(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
 
 def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
     tp = type(v)
+    if isinstance(v, _SHARDING_TYPES):
+        next(enc for t, enc in _SHARDING_ENCODERS if isinstance(v, t))(h, v, argname, path)
+        return
     if isinstance(v, (jax.Array, np.ndarray)):
+        if _is_device_array(v):  # devices (as a mesh's): device by device
+            _enc_device_array(h, v, argname, path)
+            return
         h.update(b"A")
         h.update(_array_digest_bytes(v, argname, path))
         return
@@ -538,6 +710,10 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
             _write_str(h, f.name)
             _encode(h, getattr(v, f.name), argname, (path, _ATTR, f.name))
         return
+    if isinstance(v, collections.abc.Mapping) and (isinstance(v, dict) or tp.__hash__ is not None):
+        # before the pytree branch: FrozenDict's flatten sorts its keys, losing their order
+        _enc_mapping(h, v, argname, path)
+        return
     if _encode_pytree(h, v, argname, path):
         return
     if isinstance(v, _BUILTIN_BASES):
@@ -547,15 +723,8 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
         _EXACT[base](h, base(v), argname, path)
         return
     if isinstance(v, jax.tree_util.PyTreeDef):
-        h.update(b"T")  # a pytree structure (in an nnx GraphDef): node types, aux, shape
+        h.update(b"t")  # a pytree structure (in an nnx GraphDef): node types, aux, shape
         _encode_treedef(h, v, argname, path)
-        return
-    if isinstance(v, collections.abc.Mapping) and tp.__hash__ is not None:
-        # an immutable mapping class (flax's HashableMapping in an nnx GraphDef): its class by
-        # name, then its items in iteration order, as a dict
-        h.update(b"M")
-        _write_name(h, tp, "mapping class", argname, path)
-        _encode(h, dict(v.items()), argname, path)
         return
     if isinstance(v, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or (
         tp.__hash__ is not None and _importable_name(v) is not None
@@ -636,7 +805,9 @@ def static_digest(value: Any, *, argname: str) -> str:
         >>> static_digest(1, argname="n") == static_digest(1.0, argname="n")
         False
         >>> a = static_digest({"a": 1, "b": 2}, argname="d")
-        >>> a == static_digest({"b": 2, "a": 1}, argname="d")
+        >>> a == static_digest({"b": 2, "a": 1}, argname="d")  # iteration order is value
+        False
+        >>> a == static_digest({"a": 1, "b": 2}, argname="d")
         True
     """
     h = _new_hasher()

@@ -24,6 +24,7 @@ What a warm start skips:
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import copy
 import functools
@@ -172,6 +173,10 @@ def _static_caller(
             return v
         if t is np.ndarray:  # re-hashed on each call (mutable): the raw digest, no dispatch
             return _static_value(v, ndarray_key(v))
+        if isinstance(v, collections.abc.Mapping):
+            # a mapping is keyed in iteration order, but a hashable one's == ignores the order
+            # (flax's FrozenDict, HashableMapping): by its digest, never by hash / ==
+            return _StaticValue(v, static_digest(v, argname=name).encode())
         try:
             hash(v)
             return v
