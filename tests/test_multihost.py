@@ -83,6 +83,38 @@ CASES = {
     "donated": (lambda x: x * 2.0, {"donate_argnums": 0}),
 }
 out = {}
+def callback(x):
+    s = x.sum()
+    return jax.pure_callback(lambda v: np.asarray(v * 2, np.float32),
+                             jax.ShapeDtypeStruct((), jnp.float32), s)
+
+
+sub = kiln.noinline(lambda b: jnp.sin(b) * 2.0)
+
+
+def noinline_in_shard_map(x):
+    return jax.shard_map(lambda b: jax.lax.psum(sub(b), "d"), mesh=mesh, in_specs=P("d"),
+                         out_specs=P("d"))(x)
+
+
+amesh = jax.make_mesh((n,), ("a",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def with_mesh(x):
+    with amesh:
+        return jax.lax.with_sharding_constraint(x * 3.0, P())
+
+
+CASES["callback"] = (callback, {"out_shardings": NamedSharding(mesh, P())})
+CASES["noinline_in_shard_map"] = (noinline_in_shard_map, {})
+CASES["with_mesh"] = (with_mesh, {})
+try:
+    from jax.experimental.shard_map import shard_map as old_shard_map
+
+    CASES["old_shard_map"] = (lambda x: old_shard_map(
+        lambda b: jax.lax.psum(b, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x), {})
+except ImportError:  # (removed in newer jax)
+    pass
 CASES["mixed"] = (mixed, {})  # a sharded argument and an uncommitted one: one program
 CASES["local_only"] = (lambda a: a * 2.0 + 1.0, {})  # no committed argument: per process
 
@@ -94,6 +126,8 @@ def args_of(name):
         return (x, w)
     if name == "local_only":
         return (jnp.arange(3.0),)
+    if name == "with_mesh":
+        return (jax.make_array_from_process_local_data(NamedSharding(amesh, P("a")), local),)
     return (x,)
 
 
@@ -114,7 +148,16 @@ for name, (fn, opts) in CASES.items():
         "ref_spec": str(getattr(ref.sharding, "spec", ref.sharding)),
         **{k: getattr(s1, k) - getattr(s0, k) for k in ("hits", "traces", "compiles")},
     }
-print("JOB " + json.dumps({"pid": pid, "cases": out}), flush=True)
+# a kiln function pickled (cloudpickle, by value) carries its entries: no trace, no compile
+import cloudpickle
+
+carried = cloudpickle.loads(cloudpickle.dumps(kiln.jit(tanh_sum)))
+s0 = kiln.stats()
+value = host(carried(x))
+s1 = kiln.stats()
+pickled = {"value": value, "ref": out["tanh_sum"]["ref"],
+           **{k: getattr(s1, k) - getattr(s0, k) for k in ("traces", "compiles")}}
+print("JOB " + json.dumps({"pid": pid, "cases": out, "pickled": pickled}), flush=True)
 jax.distributed.shutdown()
 '''
 
@@ -160,7 +203,7 @@ def _check_values(reports: list[dict[str, Any]]) -> None:
             assert c["spec"] == c["ref_spec"], (r["pid"], name, c)
 
 
-@pytest.mark.parametrize(("nproc", "ndev"), [(2, 2), (4, 1)])
+@pytest.mark.parametrize(("nproc", "ndev"), [(2, 2), (4, 1), (1, 8)])
 def test_a_job_on_one_shared_store_compiles_each_program_once(
     tmp_path: Path, nproc: int, ndev: int
 ) -> None:
@@ -169,6 +212,8 @@ def test_a_job_on_one_shared_store_compiles_each_program_once(
     _check_values(cold)
     for name in cold[0]["cases"]:
         compiles = [r["cases"][name]["compiles"] for r in cold]
+        if name == "noinline_in_shard_map":
+            continue  # the outer program and the noinline function's own executables
         if name == "local_only":
             # no committed argument: each process runs it on its own default device, so each
             # compiles its own program (as jax.jit does), under its own key
@@ -180,7 +225,13 @@ def test_a_job_on_one_shared_store_compiles_each_program_once(
     _check_values(warm)
     for r in warm:
         for name, c in r["cases"].items():
+            if name == "noinline_in_shard_map":
+                assert c["compiles"] == 0, (r["pid"], name, c)
+                continue
             assert (c["hits"], c["traces"], c["compiles"]) == (1, 0, 0), (r["pid"], name, c)
+    for r in cold + warm:
+        p = r["pickled"]
+        assert p["value"] == p["ref"] and (p["traces"], p["compiles"]) == (0, 0), p
 
 
 def test_a_job_on_per_host_stores_compiles_per_host_and_warm_starts(tmp_path: Path) -> None:
@@ -188,9 +239,10 @@ def test_a_job_on_per_host_stores_compiles_per_host_and_warm_starts(tmp_path: Pa
     cold = run_job(tmp_path, 2, 2, stores)
     _check_values(cold)
     for r in cold:
-        assert all(c["compiles"] == 1 for c in r["cases"].values()), r
+        assert all(c["compiles"] == 1 for name, c in r["cases"].items()
+                   if name != "noinline_in_shard_map"), r
     warm = run_job(tmp_path, 2, 2, stores)
     _check_values(warm)
     for r in warm:
         assert all((c["hits"], c["traces"], c["compiles"]) == (1, 0, 0)
-                   for c in r["cases"].values()), r
+                   for name, c in r["cases"].items() if name != "noinline_in_shard_map"), r

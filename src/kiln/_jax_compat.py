@@ -174,6 +174,31 @@ def sharding_text(sharding: Any) -> str:
     return f"{_ADDR.sub('', repr(sharding))}{ids}"
 
 
+def union_vma(avals: Sequence[Any]) -> frozenset[Any]:
+    """The mesh axes (inside a ``shard_map`` body) any of ``avals`` varies over:
+    ``ShapedArray.manual_axis_type.varying`` (jax 0.10 and 0.12; ``ShapedArray.vma`` on jax
+    0.6 to 0.9). Empty outside a ``shard_map`` body."""
+    out: frozenset[Any] = frozenset()
+    for a in avals:
+        mat = getattr(a, "manual_axis_type", None)
+        out |= mat.varying if mat is not None else getattr(a, "vma", frozenset())
+    return out
+
+
+def with_vma(aval: Any, vma: frozenset[Any], like: Sequence[Any]) -> Any:
+    """``aval`` varying over the mesh axes ``vma`` (see :func:`union_vma`), on the (abstract,
+    manual) mesh of the operands ``like`` (jax 0.10+ requires a sharding with a mesh for a
+    non-empty ``manual_axis_type``), replicated over its other axes."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is None:
+        return aval.update(vma=vma)
+    src = next(a for a in like if getattr(a, "manual_axis_type", None) is not None
+               and a.manual_axis_type.varying)
+    spec = jax.sharding.PartitionSpec(*([None] * len(aval.shape)))
+    return aval.update(sharding=jax.sharding.NamedSharding(src.sharding.mesh, spec),
+                       manual_axis_type=src.manual_axis_type.update(varying=vma))
+
+
 def default_device_text() -> str:
     """The device a program with no committed argument runs on in this process: the
     ``jax_default_device`` setting, else this process's first local device (its id is global:

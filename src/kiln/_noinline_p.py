@@ -158,7 +158,13 @@ def _impl(*args: Any, fn: _Sub) -> list[Any]:
 
 def _abstract_eval(*avals: Any, fn: Any) -> tuple[list[Any], Any]:
     in_avals = avals_of(avals)
-    return fn.outavals_of(in_avals), fn.effects(in_avals)
+    outs = fn.outavals_of(in_avals)
+    # inside a shard_map body the operands vary over manual mesh axes: so do the results (as
+    # for any primitive of them; jax's check_vma refuses an output that drops them)
+    vma = _jax_compat.union_vma(avals)
+    if vma:
+        outs = [_jax_compat.with_vma(o, vma, avals) for o in outs]
+    return outs, fn.effects(in_avals)
 
 
 def avals_of(avals: Sequence[Any]) -> list[Any]:
@@ -166,8 +172,10 @@ def avals_of(avals: Sequence[Any]) -> list[Any]:
 
 
 def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
-    if fn.tier_up and getattr(_inlining, "on", False):
+    if fn.tier_up and getattr(_inlining, "on", False) and not _jax_compat.union_vma(ctx.avals_in):
         # tier-up (kiln._tier_up): the sub-function's own jaxpr, as a nested jax.jit would be
+        # (not inside a shard_map body: its jaxpr, traced outside, has no varying mesh axes,
+        # so there the call stays a call of the separately compiled function)
         inline = fn.inline_fn(avals_of(ctx.avals_in))
         return mlir.lower_fun(inline, multiple_results=True)(ctx, *args)
 
