@@ -168,20 +168,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path]) -> list[dict[str, Any]]:
-    """Start ``nproc`` processes of one job (process i on store ``stores[i % len(stores)]``)
-    and return each one's report, in process order."""
+def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path],
+            env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Start ``nproc`` processes of one job (process i on store ``stores[i % len(stores)]``,
+    with ``env`` set) and return each one's report, in process order."""
     script = tmp_path / "job.py"
     script.write_text(JOB)
     port = _free_port()
     procs = []
     for pid in range(nproc):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-        env |= {"KILN_CACHE_DIR": str(stores[pid % len(stores)]), "KILN_JAX_CACHE": "0",
-                "JAX_PLATFORMS": "cpu"}
+        child = {k: v for k, v in os.environ.items()
+                 if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+        child |= {"KILN_CACHE_DIR": str(stores[pid % len(stores)]), "KILN_JAX_CACHE": "0",
+                  "JAX_PLATFORMS": "cpu", **(env or {})}
         procs.append(subprocess.Popen(
             [sys.executable, str(script), str(pid), str(nproc), str(port), str(ndev)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+            env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
     reports = []
     for p in procs:
         try:
@@ -243,6 +245,25 @@ def test_a_job_on_per_host_stores_compiles_per_host_and_warm_starts(tmp_path: Pa
                    if name != "noinline_in_shard_map"), r
     warm = run_job(tmp_path, 2, 2, stores)
     _check_values(warm)
+    for r in warm:
+        assert all((c["hits"], c["traces"], c["compiles"]) == (1, 0, 0)
+                   for name, c in r["cases"].items() if name != "noinline_in_shard_map"), r
+
+
+def test_a_job_of_hosts_with_their_own_directories_shares_redis(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Each host its own local directory, one Redis for the job: one compile per program."""
+    env = {"KILN_STORE": redis_url, "KILN_SIGNING_KEY": "job-secret"}
+    stores = [tmp_path / "host0", tmp_path / "host1"]
+    cold = run_job(tmp_path, 2, 2, stores, env)
+    _check_values(cold)
+    for name in cold[0]["cases"]:
+        if name in ("noinline_in_shard_map", "local_only"):
+            continue
+        assert sum(r["cases"][name]["compiles"] for r in cold) == 1, name
+    warm = run_job(tmp_path, 2, 2, [tmp_path / "fresh0", tmp_path / "fresh1"], env)
+    _check_values(warm)  # new local directories: every entry comes from Redis
     for r in warm:
         assert all((c["hits"], c["traces"], c["compiles"]) == (1, 0, 0)
                    for name, c in r["cases"].items() if name != "noinline_in_shard_map"), r
