@@ -95,6 +95,16 @@ def main(argv: list[str] | None = None) -> int:
                            "hook_ratio": t_rec / t_plain}
     print(f"trace of an MLP adam step: {t_plain:.4f} s plain, {t_rec:.4f} s recorded "
           f"({t_rec / t_plain:.3f}x)", flush=True)
+    # every audit event of the process reaches kiln's hook once it is installed: how many a
+    # trace raises (a second hook counts them; it cannot be removed either, so it goes last)
+    events: list[str] = []
+    counting = [True]
+    sys.addaudithook(lambda e, a: events.append(e) if counting[0] else None)
+    trace()
+    counting[0] = False
+    out["audit_events_per_trace"] = len(events)
+    print(f"audit events raised by one trace: {len(events)} "
+          f"({', '.join(f'{e} {events.count(e)}' for e in sorted(set(events)))})", flush=True)
 
     with tempfile.TemporaryDirectory() as d:
         npy, cfg = os.path.join(d, "w.npy"), os.path.join(d, "cfg.json")

@@ -240,6 +240,8 @@ def _rewrite_part(store_dir: Path, key: str, name: str, value: str) -> None:
         ("kiln", "9.9.9", "built for kiln 9.9.9 (here "),
         ("device", "TPU v9 x4", "built for devices TPU v9 x4 (here "),
         ("backend", "tpu 1.0", "built for platform tpu 1.0 (here "),
+        # a job of another topology (jax.distributed: processes x local devices)
+        ("processes", "4 x2", "built for job topology 4 x2 (here 1 x1)"),
     ],
 )
 def test_an_entry_built_elsewhere_is_reported_and_not_loaded(
