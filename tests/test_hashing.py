@@ -105,10 +105,13 @@ def test_golden_digests_of_mappings_and_shardings() -> None:
     assert d(FrozenDict({"b": 1, "a": None})) == "5780990569579dfd9759527217006baa"
     assert d(P("a", None, ("a", "b"), P.UNCONSTRAINED)) == "3b2b1693e90fb7e745022c5b79b8951a"
     assert d(AxisType.Explicit) == "28b3048ce491719a8511a6af98c51fc0"
-    assert d(AbstractMesh((2, 4), ("a", "b"))) == "b89964b7ee9a80ab33f0d3ecc4c41da0"
+    auto = (AxisType.Auto, AxisType.Auto)  # (the default axis types differ across jax versions)
+    assert d(AbstractMesh((2, 4), ("a", "b"), axis_types=auto)) == (
+        "b89964b7ee9a80ab33f0d3ecc4c41da0"
+    )
     cpu = jax.devices("cpu")[0]
     assert d(cpu) == "457c16acb1af33ad2a90e7bed5c4281a"
-    mesh = Mesh(np.array([cpu]), ("d",))
+    mesh = Mesh(np.array([cpu]), ("d",), axis_types=(AxisType.Auto,))
     assert d(mesh) == "0d07840530fb1d718a99d332ad3c85a3"
     assert d(NamedSharding(mesh, P("d"))) == "b0e74d9cb9c56c728fdccd7b9b95a03e"
     assert d(SingleDeviceSharding(cpu)) == "000c15947a71ef7282566eff0cbaf4e9"

@@ -105,6 +105,14 @@ def with_mesh(x):
         return jax.lax.with_sharding_constraint(x * 3.0, P())
 
 
+emesh = jax.make_mesh((n,), ("e",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def set_mesh_explicit(x):  # (called with an array on emesh; jax.set_mesh around the call)
+    return (x * 2.0).sum()
+
+
+CASES["in_shardings"] = (lambda x: x * 4.0, {"in_shardings": row})
 CASES["callback"] = (callback, {"out_shardings": NamedSharding(mesh, P())})
 CASES["noinline_in_shard_map"] = (noinline_in_shard_map, {})
 CASES["with_mesh"] = (with_mesh, {})
@@ -126,6 +134,8 @@ def args_of(name):
         return (x, w)
     if name == "local_only":
         return (jnp.arange(3.0),)
+    if name == "set_mesh_explicit":
+        return (jax.make_array_from_process_local_data(NamedSharding(emesh, P("e")), local),)
     if name == "with_mesh":
         return (jax.make_array_from_process_local_data(NamedSharding(amesh, P("a")), local),)
     return (x,)
@@ -137,10 +147,21 @@ def host(a):
     return multihost_utils.process_allgather(a, tiled=True).tolist()
 
 
+if hasattr(jax, "set_mesh"):
+    CASES["set_mesh_explicit"] = (set_mesh_explicit, {})
+
+
+def in_context(name, thunk):
+    if name != "set_mesh_explicit":
+        return thunk()
+    with jax.set_mesh(emesh):
+        return thunk()
+
+
 for name, (fn, opts) in CASES.items():
-    ref = jax.jit(fn, **opts)(*args_of(name))
+    ref = in_context(name, lambda: jax.jit(fn, **opts)(*args_of(name)))
     s0 = kiln.stats()
-    got = kiln.jit(fn, **opts)(*args_of(name))
+    got = in_context(name, lambda: kiln.jit(fn, **opts)(*args_of(name)))
     s1 = kiln.stats()
     out[name] = {
         "value": host(got), "ref": host(ref),
@@ -157,7 +178,9 @@ value = host(carried(x))
 s1 = kiln.stats()
 pickled = {"value": value, "ref": out["tanh_sum"]["ref"],
            **{k: getattr(s1, k) - getattr(s0, k) for k in ("traces", "compiles")}}
-print("JOB " + json.dumps({"pid": pid, "cases": out, "pickled": pickled}), flush=True)
+route = jax.config.jax_compilation_cache_dir
+print("JOB " + json.dumps({"pid": pid, "cases": out, "pickled": pickled, "route": route}),
+      flush=True)
 jax.distributed.shutdown()
 '''
 
@@ -179,8 +202,9 @@ def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path],
     for pid in range(nproc):
         child = {k: v for k, v in os.environ.items()
                  if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-        child |= {"KILN_CACHE_DIR": str(stores[pid % len(stores)]), "KILN_JAX_CACHE": "0",
-                  "JAX_PLATFORMS": "cpu", **(env or {})}
+        # (KILN_JAX_CACHE unset: kiln's default, which leaves the kiln:// route off in a job)
+        child |= {"KILN_CACHE_DIR": str(stores[pid % len(stores)]), "JAX_PLATFORMS": "cpu",
+                  **(env or {})}
         procs.append(subprocess.Popen(
             [sys.executable, str(script), str(pid), str(nproc), str(port), str(ndev)],
             env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
@@ -200,6 +224,8 @@ def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path],
 
 def _check_values(reports: list[dict[str, Any]]) -> None:
     for r in reports:
+        # the kiln:// route is not on by default in a job (README: multi-host jobs)
+        assert r["route"] is None, r["route"]
         for name, c in r["cases"].items():
             assert c["value"] == c["ref"], (r["pid"], name, c)
             assert c["spec"] == c["ref_spec"], (r["pid"], name, c)
