@@ -199,3 +199,18 @@ def test_a_written_file_descriptor_is_an_output(cwd: Path) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(b"x")
     assert r.items() == [] and r.unkeyable is None
+
+
+def test_kiln_s_own_store_connection_while_tracing_is_not_the_trace_s(
+    cwd: Path, redis_url: str
+) -> None:
+    """kiln reading its Redis store while a trace runs (a kiln.noinline function compiled
+    inside it, a lease renewed): redis-py connects a socket on kiln's behalf, which is no
+    input of the program. A socket the user's code connects is (see above)."""
+    from kiln.stores import open_store
+
+    with kiln.config_context(store=redis_url, signing_key="k", remote_mode="remote-only"):
+        with ReadRecorder() as r:
+            store = open_store(kiln.get_config(), layered=False)
+            assert store.get("0" * 64) is None  # the first operation connects
+    assert r.items() == [] and r.unkeyable is None, r.unkeyable

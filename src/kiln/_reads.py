@@ -74,7 +74,12 @@ LIB_ROOTS = tuple(
     | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
 )
 _KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
-_SOURCE_READERS = (f"{os.sep}linecache.py", f"{os.sep}tokenize.py")
+# stdlib modules whose reads are never a program's input: source shown in a warning or a
+# traceback, and package metadata (importlib.metadata scans sys.path for distributions: what
+# kiln counts by version)
+_SOURCE_READERS = (f"{os.sep}linecache.py", f"{os.sep}tokenize.py",
+                   f"{os.sep}importlib{os.sep}metadata{os.sep}__init__.py",
+                   f"{os.sep}importlib{os.sep}metadata{os.sep}_adapters.py")
 _RACY_NS = 2_000_000_000  # a file modified this recently is always re-read (mtime granularity)
 _CHUNK = 1 << 20
 
@@ -107,32 +112,33 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
 
 
 def _caller_is_machinery() -> bool:
-    """The audited call comes from the import system, from kiln itself (its store), or from
-    ``linecache`` reading source to show it (a warning, a formatted traceback)."""
+    """The audited call is made for the import system, for kiln itself (its store: files,
+    locks, a Redis connection, even through a library such as redis-py or filelock), by
+    ``linecache`` reading source to show it (a warning, a formatted traceback), or by
+    ``importlib.metadata`` looking up a distribution: the nearest
+    frame outside the stdlib and site-packages is kiln's, or the way there passes the import
+    system or ``linecache``. A library called by user code (``np.load``) is the user's read."""
     try:
-        frame = sys._getframe(3)  # _caller_is_machinery <- _record <- _hook <- the audited call
+        frame: Any = sys._getframe(3)  # _caller_is_machinery <- _record <- _hook <- the call
     except ValueError:  # called from C with no Python frame above
         return False
-    name = frame.f_code.co_filename
-    if name.startswith("<frozen importlib"):
-        return True
-    while name.startswith("<frozen ") and frame.f_back is not None:
-        frame = frame.f_back  # a frozen stdlib helper (os.fdopen): who called it
-        name = frame.f_code.co_filename
-    if name.startswith(_KILN_ROOT):
-        return True
-    for _ in range(2):  # linecache -> tokenize.open -> open
-        if name.endswith(_SOURCE_READERS) and name.startswith(LIB_ROOTS):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
+    for _ in range(64):
         if frame is None:
             return False
         name = frame.f_code.co_filename
+        if name.startswith(("<frozen importlib", "<frozen zipimport")) or (
+                name.endswith(_SOURCE_READERS) and name.startswith(LIB_ROOTS)):
+            return True
+        if not (name.startswith("<frozen ") or name.startswith(LIB_ROOTS)):
+            return name.startswith(_KILN_ROOT)
+        frame = frame.f_back
     return False
 
 
 def _record(event: str, args: tuple[Any, ...], recorders: list[ReadRecorder]) -> None:
     if event in _UNKEYABLE:
+        if _caller_is_machinery():
+            return  # kiln's own connection (a Redis store read by a nested kiln call)
         for r in recorders:
             r.unkeyable = r.unkeyable or f"the trace {_UNKEYABLE[event]} ({event})"
         return
