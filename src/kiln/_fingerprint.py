@@ -37,7 +37,7 @@ import random
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1007,7 +1007,7 @@ def manifest_for(
     codes: set[types.CodeType],
     fp: Fingerprint,
     imported: tuple[str, ...] = (),
-    reads: list[list[str]] = (),  # type: ignore[assignment]
+    reads: Sequence[list[str]] = (),
     read_reason: str | None = None,
 ) -> tuple[list[list[str]], str | None]:
     """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
