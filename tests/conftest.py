@@ -21,6 +21,10 @@ import kiln
 # runs every warm hit in KILN_VERIFY mode.
 _VERIFY = os.environ.get("KILN_TEST_VERIFY") == "1"
 
+# JAX's own jit tests through kiln run on their own, cold then warm, by .ci/run (their conftest
+# and pytest.ini say how): not part of this suite
+collect_ignore = ["jax_api"]
+
 
 def _load_servers() -> types.ModuleType:
     """``tests/servers.py`` (real ``redis-server`` / ``moto_server`` for the fleet tests), loaded

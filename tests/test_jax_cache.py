@@ -328,3 +328,51 @@ def test_an_entry_of_another_kind_under_the_key_reads_as_absent(kiln_store, capl
     assert [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()] == [
         f"kiln: JAX cache entry {key[:12]} (jit_h) in {str(kiln_store)!r} is unusable (entry "
         f"was written for key {key[:12]}); JAX compiles it again and kiln replaces it"]
+
+
+@pytest.mark.slow
+def test_an_executable_jax_s_cache_loaded_is_compiled_again_before_kiln_stores_it(tmp_path):
+    """XLA serializes an executable JAX's persistent cache deserialized without its kernels:
+    an entry made from one fails on its first run in every later process ("NOT_FOUND: Function
+    sine_multiply_fusion not found"; JAX's api_test under kiln, issue 22). kiln's compile that
+    JAX's cache serves is compiled again, fresh, before it is stored."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent('''
+        import json, sys, jax, jax.numpy as jnp
+        from jax._src import compiler
+
+        compiles = []
+        _real = compiler.backend_compile_and_load
+
+        def counting(*args, **kwargs):
+            compiles.append(1)
+            return _real(*args, **kwargs)
+
+        compiler.backend_compile_and_load = counting
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+        def f(x):
+            return jnp.exp(x) * jnp.sin(x)
+
+        x = jnp.arange(3.0)
+        if sys.argv[1] == "jax":
+            y = jax.jit(f)(x)
+            out = {}
+        else:
+            import kiln
+            y = kiln.jit(f)(x)
+            s = kiln.stats()
+            out = {"kiln_compiles": s.compiles, "hits": s.hits, "written": s.stores_written}
+        print("RESULT " + json.dumps({"y": y.tolist(), "xla_compiles": len(compiles), **out}))
+    '''))
+    store = tmp_path / "store"
+    env = _env(store, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-own"))
+    plain, _ = _run([sys.executable, str(prog), "jax"], tmp_path, env)
+    assert plain["xla_compiles"] == 2  # the eager arange and f: in the user's own JAX cache
+    cold, _ = _run([sys.executable, str(prog), "kiln"], tmp_path, env)
+    # JAX's cache served the program; kiln compiled it again (the one XLA compile) to store it
+    assert cold["kiln_compiles"] == 1 and cold["written"] == 1 and cold["xla_compiles"] == 1
+    warm, _ = _run([sys.executable, str(prog), "kiln"], tmp_path, env)
+    assert warm["hits"] == 1 and warm["kiln_compiles"] == 0 and warm["xla_compiles"] == 0
+    assert warm["y"] == cold["y"] == plain["y"]

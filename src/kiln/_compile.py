@@ -195,7 +195,8 @@ def compile_and_store_inlined(miss: _Miss, args: list[Any], t0: float) -> Any:
     if want != got:  # never swap in or store an executable of another signature
         raise RuntimeError(f"inlined program takes {got}, the program {want}")
     with kiln_compiling():
-        compiled = _jax_compat.with_out_tree(lowered.compile(), miss.traced.out_tree)
+        compiled = _jax_compat.with_out_tree(_jax_compat.compile_to_store(lowered),
+                                             miss.traced.out_tree)
     seconds = time.perf_counter() - t0
     _stats.bump(compiles=1, compile_seconds=seconds)
     result, sections, mode = miss._serialize(compiled)
@@ -307,6 +308,11 @@ _PLAIN_STATIC = (type(None), bool, int, float, complex, str, bytes, np.ndarray, 
                  jax.Array)
 
 
+# JAX's warnings while lowering that describe the program (not the run), replayed when its
+# stored executable is loaded: jax._src.interpreters.mlir (jax 0.10 to 0.12)
+_LOWERING_WARNINGS = ("Some donated buffers were not usable",)
+
+
 class _Miss:
     """One in-process miss: load from the store or compile, then store."""
 
@@ -337,6 +343,8 @@ class _Miss:
         statics = statics + tuple((("leaf", i), x) for i, x in static_leaves.items())
         self.store: Store = open_store(cfg)
         self.lowered: jax.stages.Lowered | None = None
+        # JAX's warnings from lowering that a warm start replays (see _LOWERING_WARNINGS)
+        self.lower_warnings: list[str] = []
         self.traced: jax.stages.Traced | None = None
         # tier-up (kiln._tier_up): set when this program calls kiln.noinline functions and its
         # inlined form should be compiled in the background; key / manifest of the entry
@@ -489,9 +497,15 @@ class _Miss:
         if self.lowered is None:
             traced = self._trace()
             t0 = time.perf_counter()
-            with _gc.relaxed():
+            with _gc.relaxed(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 self.lowered = traced.lower()
             self.trace_seconds += time.perf_counter() - t0
+            for w in caught:  # shown as JAX showed them, and kept for the entry's header
+                if str(w.message).startswith(_LOWERING_WARNINGS):
+                    self.lower_warnings.append(str(w.message))
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                       source=w.source)
         return self.lowered
 
     def _inlined_lowering(self, args: list[Any] | None = None) -> jax.stages.Lowered:
@@ -675,6 +689,10 @@ class _Miss:
                             f"({type(e).__name__}: {e})")
             return _UNUSABLE
         load_s = time.perf_counter() - t0
+        for message in header.get("warnings", ()):
+            # JAX warns while lowering ("Some donated buffers were not usable"), which a
+            # load skips: the same warning, as jax.jit gives it once per process and signature
+            warnings.warn(str(message), UserWarning, stacklevel=2)
         _stats.bump(hits=1, load_seconds=load_s,
                       saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
@@ -850,7 +868,7 @@ class _Miss:
         try:
             with compiling(f"{self.jf._name} ({self.signature})", self.cfg.progress), \
                     kiln_compiling():
-                compiled = lowered.compile()
+                compiled = _jax_compat.compile_to_store(lowered)
         finally:
             facts.join()
         compile_s = time.perf_counter() - t0
@@ -906,6 +924,8 @@ class _Miss:
             "trace_seconds": self.trace_seconds,
             "created": time.time(),
         }
+        if self.lower_warnings:
+            header["warnings"] = self.lower_warnings  # replayed by every load (_use)
         if self.called_names:
             header["noinline"] = self.called_names  # for `kiln ls`: the noinline functions it calls
         return header

@@ -41,8 +41,10 @@ __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "pe
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
 # 2: an inlined (tier-up) entry's "lowered" is its inlined module's; 3: static mappings are
-# hashed in iteration order, devices / meshes / shardings by value (kiln._hashing)
-FORMAT_VERSION = 3
+# hashed in iteration order, devices / meshes / shardings by value (kiln._hashing); 4: entries
+# of format 3 may hold an executable JAX's cache loaded, which XLA serialized without its
+# kernels (kiln._jax_compat.compile_to_store): never loaded again
+FORMAT_VERSION = 4
 _PREFIX = struct.Struct("<8sIIQB7x")
 _DIGEST_SIZE = 32
 

@@ -13,6 +13,7 @@ import io
 import pickle
 import re
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -68,6 +69,8 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "lowered_facts",
     "lowered_text",
     "make_dispatcher",
+    "compile_to_store",
+    "fun_name",
     "no_persistent_cache_writes",
     "ordered_effects",
     "pickle_value",
@@ -379,6 +382,9 @@ def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes],
             array refs, or its executable cannot be serialized.
     """
     executable = compiled._executable  # MeshExecutable (jax 0.4+)
+    if id(executable) in _reloaded:
+        raise Unserializable("XLA cannot serialize again an executable JAX's persistent cache "
+                             "loaded (its kernels would be missing)")
     unloaded = getattr(executable, "_unloaded_executable", None)
     if unloaded is None:
         raise Unserializable("this executable kind does not support serialization")
@@ -699,3 +705,57 @@ def no_persistent_cache_writes() -> Iterator[None]:
     Lotka-Volterra fit's 1.6 MB executable alone takes XLA 0.16 s to serialize)."""
     with _jax_config.persistent_cache_min_compile_time_secs(float("inf")):
         yield
+
+
+# A CPU executable that JAX's persistent cache deserialized serializes again without its
+# kernels: loading those bytes gives an executable that fails on its first run with "NOT_FOUND:
+# Function <fusion> not found (type id: 1)" (jaxlib 0.10.2 and 0.12; JAX's own api_test
+# test_jit_forwarding_correctness under kiln, issue 22; the route in a multi-process job).
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_watch = threading.local()
+_watch_lock = threading.Lock()
+_watching = False
+_reloaded: set[int] = set()  # ids of MeshExecutables compile_to_store could not get fresh
+
+
+def _on_cache_event(event: str, **kwargs: Any) -> None:
+    if event == _CACHE_HIT and getattr(_watch, "on", False):
+        _watch.hit = True
+
+
+def compile_to_store(lowered: Any) -> Any:
+    """``lowered.compile()``, never an executable JAX's persistent cache deserialized.
+
+    kiln serializes what it compiles into its entry; XLA serializes a reloaded executable
+    without its kernels, so an entry made from a JAX cache hit would crash every later load.
+    A hit (``jax.monitoring`` event ``/jax/compilation_cache/cache_hits`` in this thread) is
+    compiled again with a compiler option at its default value
+    (``xla_embed_ir_in_executable=False``): the same executable under another JAX cache key,
+    so XLA compiles it.
+    """
+    global _watching
+    if not _watching:
+        with _watch_lock:
+            if not _watching:
+                jax.monitoring.register_event_listener(_on_cache_event)
+                _watching = True
+    _watch.on, _watch.hit = True, False
+    try:
+        compiled = lowered.compile()
+        if not _watch.hit:
+            return compiled
+        _watch.hit = False
+        compiled = lowered.compile(compiler_options={"xla_embed_ir_in_executable": False})
+        if _watch.hit:  # a JAX cache value under that key too: runs, but is never stored
+            _reloaded.add(id(compiled._executable))
+        return compiled
+    finally:
+        _watch.on = False
+
+
+def fun_name(fun: Any) -> str:
+    """The name JAX gives ``fun`` (a partial's function's, unless the partial has its own
+    ``__name__``; ``jax._src.util.fun_name``, jax 0.10 to 0.12)."""
+    from jax._src import util as _util
+
+    return str(_util.fun_name(fun))

@@ -434,6 +434,18 @@ class JitFunction:
         return (_unpickle, (_travel.portable(self._fun), self._ctor,
                             _travel.carried_entries(entries)))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, and ``function_name`` as ``jax.jit``'s state names the function
+        (pickling goes through ``__reduce__``, not this)."""
+        state = dict(self.__dict__)
+        state["function_name"] = _jax_compat.fun_name(self._fun)
+        return state
+
+    def _cache_size(self) -> int:
+        """The number of executables this function holds in this process (as ``jax.jit``'s
+        ``_cache_size``): one per signature called or compiled so far."""
+        return len(self._table)
+
     # -- argument handling -----------------------------------------------------------------
     def _split(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -819,9 +831,16 @@ class JitFunction:
                 call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef,
                                   miss() if key not in self._table else None)
             return _stages.Compiled(call, self._aot_check(key, treedef, sigs, dyn_args,
-                                                          dyn_kwargs, statics), lowering)
+                                                          dyn_kwargs, statics), lowering,
+                                    lowered)
 
-        return _stages.Lowered(lowering, compile)
+        def plain() -> jax.stages.Lowered:
+            # JAX's own lowering of the call as written (args_info, in_tree, ...); filter_jit's
+            # description is its lowering of the leaves, as equinox's
+            return self._plain.lower(*args, **kwargs)
+
+        lowered = _stages.Lowered(lowering, compile, plain if self._filter is None else None)
+        return lowered
 
     def _aot_check(
         self, key: Any, treedef: Any, sigs: tuple[Any, ...], dyn_args: Any, dyn_kwargs: Any,

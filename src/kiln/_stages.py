@@ -19,17 +19,46 @@ class Lowered:
     """A lowered kiln function (``jax.stages.Lowered``'s methods), not yet compiled.
 
     ``compile()`` uses the store: a warm process loads the executable (no XLA compile) and a
-    cold one compiles and writes the entry, as a call would.
+    cold one compiles and writes the entry, as a call would. ``compile(compiler_options=...)``
+    or ``compile(device_assignment=...)`` is JAX's own compile of this lowering, not stored
+    (kiln's key does not hold per-compile options): it returns a ``jax.stages.Compiled``.
+
+    What describes the call as the user wrote it (``args_info``, ``in_avals``, ``in_tree``,
+    ``out_info``, ``donate_argnums``, and any other attribute of ``jax.stages.Lowered``) is
+    JAX's: the lowering ``jax.jit(fun, <same options>).lower(*args, **kwargs)`` gives, made
+    on first use (a trace and a lowering, once per ``Lowered``).
     """
 
     def __init__(self, lowering: Callable[[], jax.stages.Lowered],
-                 compile: Callable[[], Compiled]) -> None:
-        self._lowering = lowering
+                 compile: Callable[[], Compiled],
+                 plain: Callable[[], jax.stages.Lowered] | None = None) -> None:
+        self._lowering = lowering  # kiln's lowering (of the flat dynamic leaves)
         self._compile = compile
+        self._plain = plain  # JAX's lowering of the same call, as the user wrote it
+        self._plain_lowered: jax.stages.Lowered | None = None
 
-    def compile(self) -> Compiled:
-        """The executable for these arguments, from the store or compiled (and stored)."""
-        return self._compile()
+    def compile(self, compiler_options: dict[str, Any] | None = None, *,
+                device_assignment: Any = None) -> Any:
+        """The executable for these arguments, from the store or compiled (and stored).
+
+        With ``compiler_options`` or ``device_assignment``: JAX's ``Lowered.compile`` with
+        them (a ``jax.stages.Compiled``, not stored; JAX's errors for unknown options).
+        """
+        if compiler_options is None and device_assignment is None:
+            return self._compile()
+        return self._user_lowering().compile(compiler_options,
+                                             device_assignment=device_assignment)
+
+    def _user_lowering(self) -> jax.stages.Lowered:
+        if self._plain_lowered is None:
+            got = None
+            if self._plain is not None:
+                try:
+                    got = self._plain()
+                except Exception:  # noqa: BLE001 - static arrays by value: jax.jit refuses
+                    got = None
+            self._plain_lowered = got if got is not None else self._lowering()
+        return self._plain_lowered
 
     def as_text(self, dialect: str | None = None, **kwargs: Any) -> str:
         """The lowered module as text (StableHLO), as ``jax.stages.Lowered.as_text``."""
@@ -43,13 +72,11 @@ class Lowered:
         """XLA's cost estimate of the lowered module (flops, bytes accessed)."""
         return self._lowering().cost_analysis()
 
-    @property
-    def in_tree(self) -> Any:
-        return self._lowering().in_tree
-
-    @property
-    def out_tree(self) -> Any:
-        return self._lowering().out_tree
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_lowering", "_compile", "_plain",
+                                              "_plain_lowered"):
+            raise AttributeError(name)
+        return getattr(self._user_lowering(), name)
 
     def __repr__(self) -> str:
         return "<kiln Lowered>"
@@ -60,17 +87,26 @@ class Compiled:
 
     Call it with the dynamic arguments only (``kiln.jit``: static arguments are part of the
     executable, as with ``jax.jit``'s AOT; ``kiln.filter_jit``: all arguments, as equinox).
+    The call's description (``args_info``, ``in_avals``, ``in_tree``, ``out_info``,
+    ``donate_argnums``) is its :class:`Lowered`'s; any other attribute of
+    ``jax.stages.Compiled`` (``runtime_executable()``, ``input_shardings``, ...) is the
+    executable's own (loaded from the store or compiled).
 
     Raises (on call):
         TypeError: arguments of another pytree structure, shape or dtype than those it was
             compiled for, with ``jax.stages.Compiled``'s messages.
     """
 
+    _DESCRIBED = frozenset({"args_info", "in_avals", "in_tree", "out_info", "donate_argnums",
+                            "donate_argnames"})
+
     def __init__(self, call: Callable[..., Any], check: Callable[[tuple[Any, ...],
-                 dict[str, Any]], list[Any]], lowering: Callable[[], jax.stages.Lowered]) -> None:
+                 dict[str, Any]], list[Any]], lowering: Callable[[], jax.stages.Lowered],
+                 lowered: Lowered | None = None) -> None:
         self._call = call  # the executable (a jax Compiled, or one wrapped by kiln)
         self._check = check
         self._lowering = lowering
+        self._lowered = lowered
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(*self._check(args, kwargs))
@@ -98,6 +134,16 @@ class Compiled:
     def memory_analysis(self) -> Any:
         got = self._jax_compiled()
         return got.memory_analysis() if got is not None else None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_call", "_check", "_lowering", "_lowered"):
+            raise AttributeError(name)
+        if name in self._DESCRIBED and self._lowered is not None:
+            return getattr(self._lowered, name)
+        got = self._jax_compiled()
+        if got is None:  # kiln's own wrapper (static outputs): the executable it wraps
+            got = self._lowering().compile()
+        return getattr(got, name)
 
     def __repr__(self) -> str:
         return "<kiln Compiled>"

@@ -1,0 +1,106 @@
+"""JAX's own jit tests, with `kiln.jit` in place of `jax.jit` in the test file only (issue 22).
+
+`api_test.py` is JAX's `tests/api_test.py` at tag jax-v0.10.2 (commit
+990e6a0b84138346e6a38785412f36356e0e5dc3), unchanged, under its Apache-2.0 header. While it is
+imported, its `import jax` and `from jax import jit` get a stand-in module: the real `jax` in
+every attribute but `jit`, which is `kiln.jit`. Every other caller of `jax.jit` (kiln itself,
+`jax._src.test_util`, JAX's internals) keeps the original.
+
+Run by `.ci/run` twice on one store: cold (empty), then warm (filled)::
+
+    KILN_CACHE_DIR=$(mktemp -d) python -m pytest -c tests/jax_api/pytest.ini tests/jax_api
+    KILN_CACHE_DIR=<the same> python -m pytest -c tests/jax_api/pytest.ini tests/jax_api
+
+`KILN_JAX_API_SWAP=0` runs the file on plain JAX (the reference count). Each run ends with a
+line `jax_api: <passed> passed, <failed> failed ...` and appends it, as JSON, to
+`$KILN_JAX_API_RESULTS` when that is set. What fails and why: docs/drop-in.md.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import types
+
+# JAX's test harness checks that a test leaves the compilation cache object as it found it;
+# kiln's default of turning JAX's persistent cache on (README, "What kiln changes in JAX") would
+# trip it in the first test that compiles. Set before kiln is imported.
+os.environ.setdefault("KILN_JAX_CACHE", "0")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import kiln  # noqa: E402
+
+SWAP = os.environ.get("KILN_JAX_API_SWAP", "1") != "0"
+TEST_MODULE = "api_test"
+
+
+class _JaxWithKilnJit(types.ModuleType):
+    """`jax`, except that `jit` is `kiln.jit`."""
+
+    def __init__(self) -> None:
+        super().__init__("jax", jax.__doc__)
+        self.__dict__["jit"] = kiln.jit
+
+    def __getattr__(self, name: str):
+        return getattr(jax, name)
+
+
+_stand_in = _JaxWithKilnJit()
+_real_import = builtins.__import__
+
+
+def _import(name, globals=None, locals=None, fromlist=(), level=0):
+    module = _real_import(name, globals, locals, fromlist, level)
+    if (
+        name == "jax"
+        and level == 0
+        and globals is not None
+        and str(globals.get("__name__", "")).rpartition(".")[2] == TEST_MODULE
+    ):
+        return _stand_in
+    return module
+
+
+if SWAP:
+    builtins.__import__ = _import
+
+
+_outcomes: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report):
+    # One outcome per test, as pytest's summary counts them: a subtest's report is not a test's,
+    # a failed setup is a failure, a skip is reported at setup.
+    if "subtest" in type(report).__name__.lower():
+        return
+    if (report.when == "call") or (report.when == "setup" and not report.passed):
+        _outcomes[report.outcome] = _outcomes.get(report.outcome, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    mode = "kiln.jit" if SWAP else "jax.jit"
+    store = os.environ.get("KILN_CACHE_DIR", "")
+    line = (
+        f"jax_api ({mode}, jax {jax.__version__}): "
+        f"{_outcomes.get('passed', 0)} passed, {_outcomes.get('failed', 0)} failed, "
+        f"{_outcomes.get('skipped', 0)} skipped"
+    )
+    terminalreporter.write_line(line)
+    results = os.environ.get("KILN_JAX_API_RESULTS")
+    if results:
+        with open(results, "a") as f:
+            f.write(json.dumps({"mode": mode, "store": store, "jax": jax.__version__,
+                                **_outcomes}) + "\n")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _check_swap():
+    if SWAP:
+        import sys
+
+        module = next(m for n, m in sys.modules.items() if n.rpartition(".")[2] == TEST_MODULE)
+        assert module.jit is kiln.jit and module.jax.jit is kiln.jit, "the swap did not take"
+    yield
