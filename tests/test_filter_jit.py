@@ -236,3 +236,88 @@ def test_donation_is_part_of_the_key() -> None:
     assert np.asarray(kiln.jit(body)(b)).tolist() == [2.0] * 3
     assert not b.is_deleted()
     assert kiln.stats().compiles == 2 and kiln.stats().hits == 0
+
+
+def _module_method(make: Callable[..., Any], **kwargs: Any) -> tuple[Any, list[int]]:
+    """A Module whose method is ``make``-jitted (bound ``self``), and its trace counter."""
+    traces: list[int] = []
+
+    class Linear(eqx.Module):
+        w: jax.Array
+
+        @make(**kwargs)
+        def __call__(self, x):
+            traces.append(1)
+            return self.w * x
+
+    return Linear(jnp.full(3, 2.0)), traces
+
+
+@pytest.mark.parametrize("how", ["call", "grad-x", "grad-self", "vmap", "outer-jit"])
+def test_filter_jit_method_traces_as_equinox(how: str) -> None:
+    """A filter_jit method of a Module (issue 22), called directly and under grad / vmap / an
+    outer jit, twice: the same trace count and values as equinox.filter_jit."""
+    x = jnp.arange(3.0)
+    got = {}
+    for make in (kiln.filter_jit, eqx.filter_jit):
+        m, traces = _module_method(make)
+        call = {
+            "call": lambda: m(x),
+            "grad-x": lambda: jax.grad(lambda x: m(x).sum())(x),
+            "grad-self": lambda: jax.grad(lambda m: m(x).sum())(m).w,
+            "vmap": lambda: jax.vmap(m)(jnp.ones((2, 3))),
+            "outer-jit": lambda: jax.jit(lambda x: m(x))(x),
+        }[how]
+        first, second = call(), call()
+        np.testing.assert_allclose(first, second)
+        got[make] = (len(traces), np.asarray(first).tolist())
+    assert got[kiln.filter_jit] == got[eqx.filter_jit]
+    assert got[kiln.filter_jit][0] == 1
+
+
+def test_filter_jit_method_donates_self_s_buffers_as_equinox() -> None:
+    for make in (kiln.filter_jit, eqx.filter_jit):
+        class State(eqx.Module):
+            w: jax.Array
+
+            @make(donate="all")
+            def step(self, x):
+                return State(self.w + x)
+
+        s = State(jnp.ones(3))
+        out = s.step(jnp.ones(3))
+        assert s.w.is_deleted(), make
+        assert np.asarray(out.w).tolist() == [2.0] * 3
+
+
+def test_filter_jit_aot_with_compiler_options_as_equinox() -> None:
+    def body(x, scale):
+        return x * scale
+
+    x = jnp.arange(3.0)
+    for make in (kiln.filter_jit, eqx.filter_jit):
+        compiled = make(body).lower(x, 2.0).compile(
+            compiler_options={"xla_embed_ir_in_executable": False})
+        assert np.asarray(compiled(x, 2.0)).tolist() == [0.0, 2.0, 4.0], make
+    with pytest.raises(Exception, match="No such compile option"):
+        kiln.filter_jit(body).lower(x, 2.0).compile(compiler_options={"invalid_key": "v"})
+    assert kiln.stats().compiles == 0  # neither compile was kiln's (nothing stored)
+
+
+def test_jit_aot_surface_as_jax() -> None:
+    def f(x, y):
+        return jax.tree.map(lambda i: i * 2, x), y * 2
+
+    x = {"A": jnp.array(1.0), "B": jnp.array(2.0)}
+    y = jnp.array(3.0)
+    ours = kiln.jit(f, donate_argnums=1).lower(x, y)
+    theirs = jax.jit(f, donate_argnums=1).lower(x, y)
+    assert ours.in_avals == theirs.in_avals and ours.in_tree == theirs.in_tree
+    assert [a.donated for a in jax.tree.leaves(ours.args_info)] == \
+        [a.donated for a in jax.tree.leaves(theirs.args_info)] == [False, False, True]
+    compiled = ours.compile()
+    assert compiled.in_avals == theirs.in_avals
+    assert compiled.runtime_executable() is not None
+    with_options = kiln.jit(f).lower(x, y).compile(
+        compiler_options={"xla_embed_ir_in_executable": True})
+    assert np.asarray(with_options(x, y)[1]).tolist() == 6.0

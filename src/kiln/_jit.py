@@ -826,10 +826,15 @@ class JitFunction:
         def lowering() -> jax.stages.Lowered:
             return miss()._trace_lower()
 
-        def compile() -> _stages.Compiled:
+        def compile(compiler_options: dict[str, Any] | None = None,
+                    device_assignment: Any = None) -> _stages.Compiled:
             with self._donation_warnings():
-                call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef,
-                                  miss() if key not in self._table else None)
+                if compiler_options is None and device_assignment is None:
+                    call = self._miss(key, dyn_args, dyn_kwargs, statics, static_key, treedef,
+                                      miss() if key not in self._table else None)
+                else:  # JAX's compile with per-compile options: not stored
+                    call = lowering().compile(compiler_options,
+                                              device_assignment=device_assignment)
             return _stages.Compiled(call, self._aot_check(key, treedef, sigs, dyn_args,
                                                           dyn_kwargs, statics), lowering,
                                     lowered)

@@ -21,7 +21,7 @@ class Lowered:
     ``compile()`` uses the store: a warm process loads the executable (no XLA compile) and a
     cold one compiles and writes the entry, as a call would. ``compile(compiler_options=...)``
     or ``compile(device_assignment=...)`` is JAX's own compile of this lowering, not stored
-    (kiln's key does not hold per-compile options): it returns a ``jax.stages.Compiled``.
+    (kiln's key does not hold per-compile options).
 
     What describes the call as the user wrote it (``args_info``, ``in_avals``, ``in_tree``,
     ``out_info``, ``donate_argnums``, and any other attribute of ``jax.stages.Lowered``) is
@@ -30,7 +30,7 @@ class Lowered:
     """
 
     def __init__(self, lowering: Callable[[], jax.stages.Lowered],
-                 compile: Callable[[], Compiled],
+                 compile: Callable[..., Compiled],
                  plain: Callable[[], jax.stages.Lowered] | None = None) -> None:
         self._lowering = lowering  # kiln's lowering (of the flat dynamic leaves)
         self._compile = compile
@@ -41,13 +41,13 @@ class Lowered:
                 device_assignment: Any = None) -> Any:
         """The executable for these arguments, from the store or compiled (and stored).
 
-        With ``compiler_options`` or ``device_assignment``: JAX's ``Lowered.compile`` with
-        them (a ``jax.stages.Compiled``, not stored; JAX's errors for unknown options).
+        With ``compiler_options`` or ``device_assignment``: JAX's ``Lowered.compile`` of this
+        lowering with them (not stored; JAX's errors for unknown options), as a
+        :class:`Compiled` called as any other.
         """
         if compiler_options is None and device_assignment is None:
             return self._compile()
-        return self._user_lowering().compile(compiler_options,
-                                             device_assignment=device_assignment)
+        return self._compile(compiler_options, device_assignment)
 
     def _user_lowering(self) -> jax.stages.Lowered:
         if self._plain_lowered is None:
