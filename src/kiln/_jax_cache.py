@@ -403,12 +403,6 @@ def enable_by_default() -> None:
             open_store(cfg)
     if _turned_off or is_enabled() or not cfg.jax_cache:
         return
-    if _jax_compat.in_distributed_job():
-        # not by default in a jax.distributed job: a test job on one shared store loaded a
-        # JAX cache value another process wrote and crashed ("Function broadcast_add_fusion
-        # not found", the class of crash of issue 22); kiln.enable_jax_cache() still turns it on
-        logger.info("kiln: JAX cache route not turned on by default in a multi-process job")
-        return
     try:
         enable_jax_cache()
     except Exception as e:  # noqa: BLE001 - a cache: never stop the program over it

@@ -202,14 +202,6 @@ def with_vma(aval: Any, vma: frozenset[Any], like: Sequence[Any]) -> Any:
                        manual_axis_type=src.manual_axis_type.update(varying=vma))
 
 
-def in_distributed_job() -> bool:
-    """``jax.distributed.initialize`` has run in this process (its client exists), read
-    without starting the XLA backend: ``jax._src.distributed.global_state.client`` (jax 0.4+)."""
-    from jax._src import distributed
-
-    return getattr(distributed.global_state, "client", None) is not None
-
-
 def default_device_text() -> str:
     """The device a program with no committed argument runs on in this process: the
     ``jax_default_device`` setting, else this process's first local device (its id is global:
