@@ -295,3 +295,72 @@ def test_a_job_of_hosts_with_their_own_directories_shares_redis(
     for r in warm:
         assert all((c["hits"], c["traces"], c["compiles"]) == (1, 0, 0)
                    for name, c in r["cases"].items() if name != "noinline_in_shard_map"), r
+
+
+KILLED_JOB = r'''
+import json, os, signal, sys, time
+pid, port, store_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid,
+                           initialization_timeout=120)
+import jax.numpy as jnp
+import numpy as np
+from jax._src import compiler
+from jax.sharding import NamedSharding, PartitionSpec as P
+import kiln
+
+# the backend starts with both processes (gloo joins them)
+mesh = jax.make_mesh((2,), ("d",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")),
+                                           np.arange(2, dtype=np.float32) + 2 * pid)
+marker = os.path.join(os.path.dirname(store_dir), "victim-compiling")
+if pid == 1:  # the victim: dies inside XLA's compile, holding the key's lease
+    def dies(*args, **kwargs):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    compiler.backend_compile_and_load = dies
+else:  # the survivor asks for the same key only once the victim holds it
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+f = kiln.jit(lambda x: jnp.tanh(x * 2.0).sum())
+t0 = time.monotonic()
+compiled = f.lower(x).compile()  # through kiln's lease; not run (its peer is gone)
+s = kiln.stats()
+print("JOB " + json.dumps({"pid": pid, "compiles": s.compiles, "hits": s.hits,
+                           "marker": os.path.exists(marker),
+                           "waited_s": time.monotonic() - t0}), flush=True)
+os._exit(0)  # not jax.distributed's shutdown barrier: the other process is dead
+'''
+
+
+def test_a_process_killed_mid_compile_does_not_hold_up_the_job_s_others(tmp_path: Path) -> None:
+    """Process 1 of a job dies (SIGKILL) inside XLA's compile while it holds the key's lease on
+    the job's shared store; process 0 asks for the same key then. Its wait ends when the OS
+    frees the dead process's lock: it compiles the program itself, well within the lease's
+    bounded wait, instead of waiting for an entry that will never come."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_JOB)
+    store = tmp_path / "shared"
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env |= {"KILN_CACHE_DIR": str(store), "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), str(store)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=tmp_path) for pid in (0, 1)]
+    try:
+        out0, err0 = procs[0].communicate(timeout=300)
+        procs[1].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == -9  # the victim died by SIGKILL, mid-compile
+    lines = [ln for ln in out0.splitlines() if ln.startswith("JOB ")]
+    assert procs[0].returncode == 0 and lines, f"exit {procs[0].returncode}\n{err0[-3000:]}"
+    survivor = json.loads(lines[-1][4:])
+    assert survivor["marker"] is True  # it asked while the victim held the lease
+    assert (survivor["compiles"], survivor["hits"]) == (1, 0)  # compiled it itself
