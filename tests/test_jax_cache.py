@@ -376,3 +376,43 @@ def test_an_executable_jax_s_cache_loaded_is_compiled_again_before_kiln_stores_i
     warm, _ = _run([sys.executable, str(prog), "kiln"], tmp_path, env)
     assert warm["hits"] == 1 and warm["kiln_compiles"] == 0 and warm["xla_compiles"] == 0
     assert warm["y"] == cold["y"] == plain["y"]
+
+
+@pytest.mark.slow
+def test_the_route_is_on_from_import_so_work_before_the_first_kiln_jit_is_cached(tmp_path):
+    """A script that draws data before any kiln.jit exists (issue 23): the random-number
+    programs are compiled by the first process only, as JAX's cache configured from the
+    environment would; KILN_JAX_CACHE=0 leaves JAX alone from import on."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent('''
+        import json, jax, jax.numpy as jnp
+        from jax._src import compiler
+
+        compiles = []
+        _real = compiler.backend_compile_and_load
+
+        def counting(*args, **kwargs):
+            compiles.append(1)
+            return _real(*args, **kwargs)
+
+        compiler.backend_compile_and_load = counting
+        import kiln
+
+        routed_at_import = kiln._jax_cache.is_enabled()
+        w = jax.random.normal(jax.random.key(1), (8, 8))   # before any kiln.jit exists
+        before = len(compiles)
+        f = kiln.jit(lambda x: x * 2)
+        y = f(w)
+        s = kiln.stats()
+        print("RESULT " + json.dumps({"y": float(y.sum()), "routed": routed_at_import,
+                                      "compiles_before_kiln": before,
+                                      "hits": s.jax_cache_hits, "writes": s.jax_cache_writes}))
+    '''))
+    store = tmp_path / "store"
+    cold, _ = _run([sys.executable, str(prog)], tmp_path, _env(store))
+    assert cold["routed"] is True and cold["compiles_before_kiln"] >= 1 and cold["writes"] >= 1
+    warm, _ = _run([sys.executable, str(prog)], tmp_path, _env(store))
+    assert warm["compiles_before_kiln"] == 0 and warm["writes"] == 0
+    assert warm["hits"] == cold["writes"] and warm["y"] == cold["y"]
+    off, _ = _run([sys.executable, str(prog)], tmp_path, _env(store, KILN_JAX_CACHE="0"))
+    assert off["routed"] is False and off["hits"] == 0 and off["compiles_before_kiln"] >= 1

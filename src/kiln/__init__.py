@@ -66,3 +66,10 @@ __all__ = [
     "stats",
     "wait_for_tier_up",
 ]
+
+# The kiln:// route (JAX's own persistent cache in kiln's store) from import on, so what a
+# script compiles before its first kiln.jit is cached too; KILN_JAX_CACHE=0 or a JAX cache
+# directory of the user's own leaves JAX alone (README, "What kiln changes in JAX").
+from ._jax_cache import enable_at_import as _enable_at_import  # noqa: E402
+
+_enable_at_import()

@@ -126,14 +126,29 @@ def _array_sig(x: Any) -> Any:
     return (x.aval, x.sharding if x.committed else None)
 
 
+_scalar_avals: dict[tuple[type, bool], Any] = {}
+
+
+def _scalar_sig(t: type) -> Any:
+    """A Python scalar's signature: the weak-typed aval ``jax.jit`` gives it (``int`` ->
+    ``int32[]`` weak, ``int64[]`` under x64), so ``f(0)`` and ``f(<a weak int32[] f
+    returned>)`` are one program, as in ``jax.jit`` (a flax ``TrainState``'s ``step``). Its value
+    is checked when it runs (an int too large for int32 raises jax's OverflowError)."""
+    x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
+    aval = _scalar_avals.get((t, x64))
+    if aval is None:
+        aval = _scalar_avals[(t, x64)] = jax.typeof(t(0))
+    return (aval, None) if MULTI_DEVICE else aval
+
+
 def leaf_sig(x: Any) -> Any:
-    """In-process signature of one leaf: its aval (shape, dtype, weak_type, sharding), the
-    Python type for Python scalars, None for a tracer, STATIC_LEAF for a non-JAX value."""
+    """In-process signature of one leaf: its aval (shape, dtype, weak_type, sharding; a Python
+    scalar's weak-typed aval), None for a tracer, STATIC_LEAF for a non-JAX value."""
     t = type(x)
     if t is _ARRAY_IMPL:
         return _array_sig(x)
     if t in _SCALARS:
-        return t
+        return _scalar_sig(t)
     if _jax_compat.is_tracer(x):
         return None
     try:

@@ -392,6 +392,20 @@ def disable_jax_cache() -> None:
         _jax_compat.reset_compilation_cache()
 
 
+def enable_at_import() -> None:
+    """The route from ``import kiln`` on (issue 23), unless ``KILN_JAX_CACHE=0`` or the user set
+    their own ``jax_compilation_cache_dir``: what a script compiles before its first
+    :func:`kiln.jit` exists (drawing data, initialising a model: eager operations and library
+    ``jax.jit`` calls) is cached too, as JAX's cache configured from the environment would be.
+    Never raises: a cache must not stop ``import kiln``."""
+    try:
+        if _turned_off or is_enabled() or not get_config().jax_cache:
+            return
+        enable_jax_cache()
+    except Exception as e:  # noqa: BLE001 - a cache: never stop the program over it
+        logger.debug("kiln: JAX cache route not enabled at import: %s", e)
+
+
 def enable_by_default() -> None:
     """The route for a process that uses :func:`kiln.jit`, unless ``KILN_JAX_CACHE=0`` or the
     user set their own ``jax_compilation_cache_dir``."""
