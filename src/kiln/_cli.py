@@ -193,8 +193,9 @@ def _rows(store: Any) -> list[_Row]:
         kind = str(header.get("kind", "executable"))
         seconds = header.get("compile_seconds")
         seconds = float(seconds) if isinstance(seconds, int | float) else None
-        if kind == "verify-only":
-            # A marker: "this fingerprint needs the verify path"; no executable behind it.
+        if kind in ("verify-only", "unstorable"):
+            # A marker: "this fingerprint needs the verify path", or "this function's
+            # executable cannot be stored" (with the reason); no executable behind it.
             function = header.get("function")
             function = function if isinstance(function, str) and "." in function else "-"
             rows.append(_Row(key, kind, function, "-", size, created, last_used, None))
@@ -271,10 +272,16 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _marker_reason(store: Any, key: str) -> str:
+    header = store.header(key) or {}
+    return str(header.get("reason", "?"))
+
+
 def _cmd_stats(args: argparse.Namespace) -> int:
     store = _open_store()
     rows = _rows(store)
-    functions = Counter(r.function for r in rows if r.kind not in ("verify-only", "unreadable"))
+    functions = Counter(r.function for r in rows
+                        if r.kind not in ("verify-only", "unreadable", "unstorable"))
     summary = {
         "store": store.url,
         "entries": len(rows),
@@ -282,6 +289,9 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "compile_seconds": round(sum(r.compile_seconds or 0.0 for r in rows), 6),
         "functions": dict(sorted(functions.items())),
         "verify_only_markers": sum(r.kind == "verify-only" for r in rows),
+        # functions whose executable could not be stored, with the reason (kiln warned once)
+        "not_stored": {r.function: _marker_reason(store, r.key) for r in rows
+                       if r.kind == "unstorable"},
         "unreadable": sum(r.kind == "unreadable" for r in rows),
         "stray_files": len(_strays(store)),
         "temp_files": _temps(store)[0],
@@ -303,6 +313,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         _say(f"verify-only markers: {summary['verify_only_markers']}")
     if summary["unreadable"]:
         _say(f"unreadable: {summary['unreadable']}")
+    if summary["not_stored"]:
+        _say("not stored (every process compiles them; kiln warned with what to do):")
+        for function, reason in sorted(summary["not_stored"].items()):
+            _say(f"  {function}: {reason}")
     if summary["stray_files"]:
         _say(f"stray files (not entries): {summary['stray_files']}")
     if summary["temp_files"]:

@@ -29,7 +29,14 @@ import numpy as np
 from . import _args, _explain, _gc, _jax_compat, _noinline_p, _stats
 from ._config import get_config
 from ._entry import decode, encode
-from ._errors import EntryError, StoreError, StoreWarning, UnverifiableEntry, VerifyError
+from ._errors import (
+    EntryError,
+    KilnWarning,
+    StoreError,
+    StoreWarning,
+    UnverifiableEntry,
+    VerifyError,
+)
 from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
 from ._jax_cache import kiln_compiling
 from ._key import environment_parts, make_key
@@ -308,6 +315,19 @@ _PLAIN_STATIC = (type(None), bool, int, float, complex, str, bytes, np.ndarray, 
                  jax.Array)
 
 
+def _advice(reason: str) -> str:
+    """What to do about an executable that cannot be stored, by its reason."""
+    if "large constants" in reason:
+        return ("pass the array it closes over as an argument (traced) or as a static "
+                "argument (by value)")
+    if "tree structure" in reason:
+        return ("return arrays and objects the inputs hold (a TrainState's apply_fn and tx "
+                "come back as the caller's own) or objects cloudpickle can carry")
+    if "mutable array" in reason:
+        return "pass the array ref as an argument"
+    return "KILN_EXPLAIN=1 says more"
+
+
 # JAX's warnings while lowering that describe the program (not the run), replayed when its
 # stored executable is loaded: jax._src.interpreters.mlir (jax 0.10 to 0.12)
 _LOWERING_WARNINGS = ("Some donated buffers were not usable",)
@@ -369,6 +389,7 @@ class _Miss:
         self.replace_keys: set[str] = set()
         self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
         self._quiet = False  # polling for another process's entry: no miss explanations
+        self.treedef, self.arg_statics = treedef, arg_statics
         structure, aux = _treedef_parts(treedef)
         self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
         extra = list(aux)
@@ -463,6 +484,11 @@ class _Miss:
 
     def _store_fault(self, doing: str, e: BaseException) -> None:
         store_fault(self.store, doing, e, strict=self.cfg.strict)
+
+    def _input_objects(self) -> list[Any]:
+        """What this call's inputs hold besides arrays (``_jax_compat.input_objects``): an
+        output's tree structure refers to them by position in its entry."""
+        return _jax_compat.input_objects(self.treedef, self.arg_statics)
 
     def _explain(self, kind: str, message: str) -> None:
         if self._quiet:
@@ -678,7 +704,8 @@ class _Miss:
                 return _STALE
         try:
             compiled = _jax_compat.load_compiled(
-                entry.sections, callbacks, out_tree, lapack=bool(header.get("lapack", True))
+                entry.sections, callbacks, out_tree, lapack=bool(header.get("lapack", True)),
+                inputs=self._input_objects(),
             )
             if "static_out" in entry.sections:
                 if static_out is None:
@@ -692,7 +719,7 @@ class _Miss:
         for message in header.get("warnings", ()):
             # JAX warns while lowering ("Some donated buffers were not usable"), which a
             # load skips: the same warning, as jax.jit gives it once per process and signature
-            warnings.warn(str(message), UserWarning, stacklevel=2)
+            warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
         _stats.bump(hits=1, load_seconds=load_s,
                       saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
@@ -895,13 +922,37 @@ class _Miss:
         static_out = self.box.get(self.box_sig)
         result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
         try:
-            sections, mode = _jax_compat.serialize_compiled(compiled)
+            sections, mode = _jax_compat.serialize_compiled(compiled, self._input_objects())
             if static_out is not None:
                 sections["static_out"] = _jax_compat.pickle_value(static_out)
         except _jax_compat.Unserializable as e:
             self._explain("unstorable", f"executable not stored: {e}")
+            self._not_stored(str(e))
             return result, None, "none"
         return result, sections, mode
+
+    def _not_stored(self, reason: str) -> None:
+        """Never silent (issue 23): a function whose executable cannot be stored warns once per
+        process with the reason and what to do, and leaves a marker (kind ``unstorable``) that
+        ``kiln stats`` and ``kiln ls`` list."""
+        jf = self.jf
+        if getattr(jf, "_warned_not_stored", False):
+            return
+        jf._warned_not_stored = True  # type: ignore[attr-defined]
+        warnings.warn(
+            f"kiln: {jf._name}: its executable is not stored ({reason}), so every process "
+            f"compiles it again; {_advice(reason)}",
+            KilnWarning, stacklevel=user_stacklevel(),
+        )
+        function = f"{jf._module}.{jf._name}"
+        marker = {"kind": "unstorable", "function": function, "signature": self.signature,
+                  "reason": reason, "created": time.time()}
+        key = make_key([("kind", "unstorable"), ("function", function)])
+        try:
+            self.store.put(key, encode({**marker, "key": key}, {},
+                                       signing_key=self.cfg.signing_key))
+        except (OSError, StoreError) as e:
+            self._store_fault("write to", e)
 
     def _header(
         self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float,

@@ -70,6 +70,7 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "lowered_text",
     "make_dispatcher",
     "compile_to_store",
+    "input_objects",
     "fun_name",
     "no_persistent_cache_writes",
     "ordered_effects",
@@ -354,7 +355,43 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
-def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes], str]:
+_ATOMS = (str, bytes, int, float, bool, complex, type(None))
+
+
+def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list[Any]:
+    """The objects a call's inputs hold outside their arrays, in a fixed order: each node's
+    auxiliary data in ``treedef`` (a flax ``TrainState``'s ``apply_fn`` and ``tx``, a dict's
+    keys) and the static arguments' values, with the items of tuples, lists and dicts among
+    them. Two calls under one key give equal lists (the key holds them by value)."""
+    out: list[Any] = []
+
+    def add(obj: Any, depth: int) -> None:
+        if isinstance(obj, _ATOMS) or depth > 8:
+            return
+        out.append(obj)
+        if isinstance(obj, tuple | list):
+            for item in obj:
+                add(item, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                add(item, depth + 1)
+
+    def walk(td: Any) -> None:
+        data = td.node_data()
+        if data is not None:
+            add(data[1], 0)
+        for child in td.children():
+            walk(child)
+
+    walk(treedef)
+    for _, value in statics:
+        add(value, 0)
+    return out
+
+
+def serialize_compiled(
+    compiled: jax.stages.Compiled, inputs: Sequence[Any] = ()
+) -> tuple[dict[str, bytes], str]:
     """Split a freshly compiled program into entry sections.
 
     Must run before the executable's first execution (on CPU the executable of a program with
@@ -398,9 +435,16 @@ def serialize_compiled(compiled: jax.stages.Compiled) -> tuple[dict[str, bytes],
     pickler = _Pickler(buf, unloaded.host_callbacks,
                        tuple(d.id for d in device_list) if device_list is not None else None)
     try:
-        pickler.dump((unloaded, compiled.args_info, compiled.out_tree, compiled._no_kwargs))
+        pickler.dump((unloaded, compiled.args_info, None, compiled._no_kwargs))
     except Exception as e:  # noqa: BLE001
         raise Unserializable(f"{type(e).__name__}: {e}") from None
+    tree = io.BytesIO()
+    try:
+        _TreePickler(tree, inputs).dump(compiled.out_tree)
+    except Exception as e:  # noqa: BLE001
+        raise Unserializable(f"the output's tree structure cannot be pickled: "
+                             f"{type(e).__name__}: {e}") from None
+    sections["out_tree"] = tree.getvalue()
     if pickler.executable is None:  # pragma: no cover
         raise Unserializable("no XLA executable found in the compiled program")
     sections["exec"] = pickler.executable
@@ -419,12 +463,14 @@ def load_compiled(
     out_tree: Any = None,
     *,
     lapack: bool = False,
+    inputs: Sequence[Any] = (),
 ) -> jax.stages.Compiled:
     """Rebuild a callable ``jax.stages.Compiled`` from entry sections (no trace, no compile).
 
     ``callbacks`` / ``out_tree``: from a fresh lowering when there is one (the verify path, or
-    callables that could not be pickled); ``None`` takes them from the entry. ``lapack``: the
-    executable calls LAPACK kernels, which must be registered first (~0.4 s, once).
+    callables that could not be pickled); ``None`` takes them from the entry, the output tree's
+    references to the inputs resolved in ``inputs`` (``input_objects`` of this call).
+    ``lapack``: the executable calls LAPACK kernels, which must be registered first (~0.4 s, once).
     Only call this on sections whose entry digest has verified: it unpickles.
     """
     if lapack:
@@ -432,10 +478,12 @@ def load_compiled(
     if callbacks is None:
         callbacks = unpickle_value(sections["callbacks"]) if "callbacks" in sections else []
     cbs = list(callbacks)
-    unloaded, args_info, stored_tree, no_kwargs = _Unpickler(
+    unloaded, args_info, _, no_kwargs = _Unpickler(
         io.BytesIO(sections["meta"]), sections["exec"], cbs
     ).load()
-    tree = stored_tree if out_tree is None else out_tree
+    tree = out_tree
+    if tree is None:
+        tree = _TreeUnpickler(io.BytesIO(sections["out_tree"]), inputs).load()
     return _stages.Compiled(unloaded.load(), [], args_info, tree, no_kwargs=no_kwargs)
 
 
@@ -592,6 +640,37 @@ class _ValueUnpickler(pickle.Unpickler):
         if isinstance(pid, tuple) and pid and pid[0] == "global":
             return _load_singleton(pid)
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+class _TreePickler(_ValuePickler):
+    """An output's tree structure: what the inputs hold (``input_objects``) by position, so a
+    warm result holds the caller's own objects as a cold one does; anything else by value
+    (cloudpickle: an optimizer's local functions a step made itself come back as copies)."""
+
+    def __init__(self, file: io.BytesIO, inputs: Sequence[Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._inputs: dict[int, int] = {}
+        for i, obj in enumerate(inputs):
+            self._inputs.setdefault(id(obj), i)
+
+    def persistent_id(self, obj: Any) -> Any:
+        i = self._inputs.get(id(obj))
+        if i is not None and not isinstance(obj, _ATOMS):
+            return ("input", i)
+        return super().persistent_id(obj)
+
+
+class _TreeUnpickler(_ValueUnpickler):
+    def __init__(self, file: io.BytesIO, inputs: Sequence[Any]) -> None:
+        super().__init__(file)
+        self._inputs = inputs
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and pid and pid[0] == "input":
+            if not 0 <= pid[1] < len(self._inputs):
+                raise pickle.UnpicklingError(f"input object {pid[1]} is not in this call")
+            return self._inputs[pid[1]]
+        return super().persistent_load(pid)
 
 
 def pickle_value(value: Any) -> bytes:
