@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 
-import kiln
+# kiln turns the kiln:// route (JAX's cache in its store) on at import unless this says no: the
+# suite counts kiln's entries and JAX's compiles, and turns the route on where a test means it
+os.environ.setdefault("KILN_JAX_CACHE", "0")
+
+import kiln  # noqa: E402
 
 # Audit share of the suite: KILN_TEST_VERIFY=1 (set by .ci/run for one pass over tests/test_jit.py)
 # runs every warm hit in KILN_VERIFY mode.

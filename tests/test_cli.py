@@ -253,6 +253,7 @@ def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "compile_seconds": pytest.approx(seconds, abs=1e-5),
         "functions": {DOUBLE: 2, INC: 1},
         "verify_only_markers": 0,
+        "not_stored": {},
         "unreadable": 0,
         "stray_files": 0,
         "temp_files": 0,

@@ -156,3 +156,63 @@ def test_closed_over_graphdef_is_keyed_by_value(xp: Any, tmp_path: Path) -> None
     two = prog.run("2.0")  # same code, same state shapes; only graphdef's `scale` differs
     assert xp.value(two["f"]) == pytest.approx(two.extra["want"], rel=1e-6)
     xp.assert_cold(two["f"])
+
+
+TRAIN_STATE = r'''
+import json, sys, jax, jax.numpy as jnp, optax, kiln
+import flax.linen as nn
+from flax.training import train_state
+
+lr = float(sys.argv[1])
+model = nn.Dense(3)
+params = model.init(jax.random.PRNGKey(0), jnp.ones((1, 4)))["params"]
+tx = optax.adamw(lr)
+state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+apply_fn = state.apply_fn
+
+
+@kiln.jit
+def train_step(state, x):
+    loss, grads = jax.value_and_grad(
+        lambda p: jnp.sum(state.apply_fn({"params": p}, x) ** 2))(state.params)
+    return state.apply_gradients(grads=grads), loss
+
+
+x = jnp.ones((2, 4))
+losses = []
+for _ in range(3):  # step: the Python int 0, then the weak int32[] the step returned
+    state, loss = train_step(state, x)
+    losses.append(float(loss))
+s = kiln.stats()
+print(json.dumps({"losses": losses, "step": int(state.step), "compiles": s.compiles,
+                  "hits": s.hits, "traces": s.traces, "written": s.stores_written,
+                  "own_tx": state.tx is tx, "own_apply_fn": state.apply_fn is apply_fn}))
+'''
+
+
+@pytest.mark.slow
+def test_a_train_state_step_is_stored_and_gives_back_the_caller_s_objects(tmp_path: Path) -> None:
+    """A step returning a flax TrainState (issue 23): stored, although its output structure
+    holds ``apply_fn`` and optax's local functions; a warm result holds the caller's own
+    ``tx`` and ``apply_fn``; ``step=0`` then the returned weak int32[] is one program; another
+    learning rate is another program (never stale)."""
+    script = tmp_path / "train_state.py"
+    script.write_text(TRAIN_STATE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+
+    def run(lr: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, str(script), lr], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-8000:]
+        assert "KilnWarning" not in proc.stderr, proc.stderr[-3000:]
+        return _last_json_line(proc.stdout)
+
+    cold = run("0.1")
+    assert (cold["compiles"], cold["traces"], cold["written"]) == (1, 1, 1)
+    assert cold["own_tx"] and cold["own_apply_fn"] and cold["step"] == 3
+    warm = run("0.1")
+    assert (warm["compiles"], warm["traces"], warm["hits"]) == (0, 0, 1)
+    assert warm["losses"] == cold["losses"] and warm["own_tx"] and warm["own_apply_fn"]
+    other = run("0.2")
+    assert other["compiles"] == 1 and other["losses"][1:] != cold["losses"][1:]

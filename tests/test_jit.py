@@ -653,3 +653,23 @@ def test_jit_made_again_around_the_same_function_reuses_its_executables():
     h = kiln.jit(f, donate_argnums=0)  # other options: its own executables
     h(jnp.arange(3.0))
     assert kiln.stats().misses == 2
+
+
+def test_a_python_scalar_and_the_weak_array_a_step_returns_are_one_program(kiln_store) -> None:
+    """As jax.jit (issue 23): a Python int is a weak int32[] (a TrainState's step=0, then the
+    step the function returned), so there is one trace and one compile; the result dtypes
+    are jax.jit's."""
+    traces = []
+
+    def step(n, x):
+        traces.append(1)
+        return n + 1, x * 2
+
+    f = kiln.jit(step)
+    n, x = 0, jnp.ones(3)
+    for _ in range(3):
+        n, x = f(n, x)
+    assert len(traces) == 1
+    want_n, _ = jax.jit(step)(jax.jit(step)(0, jnp.ones(3))[0], jnp.ones(3))
+    assert int(n) == 3 and n.dtype == want_n.dtype and n.weak_type == want_n.weak_type
+    assert kiln.stats().compiles == 1 and kiln.stats().misses == 1

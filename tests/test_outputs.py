@@ -101,3 +101,89 @@ def test_a_returned_module_hits_when_passed_back(runs: dict[str, Any], xp: Any) 
     for name in ("use_again", "use_net_again"):
         again = runs["B"][name]
         assert again["hits"] == 0 and again["misses"] == 0 and again["compiles"] == 0, again
+
+
+def test_an_output_structure_that_cannot_be_stored_warns_once_and_is_listed(
+    kiln_store, capsys
+) -> None:
+    """Never silent (issue 23): the program runs, compiled; one KilnWarning per function with
+    the reason and what to do; `kiln stats` lists it under "not stored"."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    import kiln
+
+    class Locked:
+        def __init__(self, x, lock):
+            self.x, self.lock = x, lock
+
+    jax.tree_util.register_pytree_node(
+        Locked, lambda b: ((b.x,), b.lock), lambda lock, ch: Locked(ch[0], lock))
+    f = kiln.jit(lambda x: Locked(x * 2, threading.Lock()))
+    with pytest.warns(kiln.KilnWarning, match=r"not stored \(the output's tree structure "
+                      r"cannot be pickled.*_thread.lock.*\), so every process compiles it again"):
+        assert float(f(jnp.float32(1.0)).x) == 2.0
+    assert float(f(jnp.arange(2.0)).x[1]) == 2.0  # another signature: no second warning
+    assert kiln.stats().stores_written == 0 and kiln.stats().reasons["unstorable"] == 2
+    import json
+
+    from kiln import _cli
+
+    capsys.readouterr()
+    assert _cli.main(["stats", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [f.rpartition(".")[2] for f in summary["not_stored"]] == ["<lambda>"]
+    assert "_thread.lock" in next(iter(summary["not_stored"].values()))
+
+
+LOCAL_MODULE = r'''
+import json, equinox as eqx, jax, jax.numpy as jnp, kiln
+
+
+def main():
+    class Scale(eqx.Module):  # a class defined inside a function: no name to import it by
+        w: jax.Array
+        label: str = eqx.field(static=True)
+
+    @kiln.filter_jit
+    def step(m, x):
+        return Scale(m.w * x, m.label), m.label
+
+    m = Scale(jnp.ones(3), "s")
+    for _ in range(3):  # the output passed back in
+        m, label = step(m, jnp.full(3, 2.0))
+    s = kiln.stats()
+    print(json.dumps({"w": m.w.tolist(), "own_class": type(m) is Scale, "label": label,
+                      "compiles": s.compiles, "hits": s.hits, "traces": s.traces}))
+
+
+main()
+'''
+
+
+def test_a_module_class_defined_in_a_function_comes_back_as_the_caller_s(tmp_path) -> None:
+    """An output of a Module class defined inside a function (examples/eqx_transformer.py):
+    the stored structure refers to the inputs' class, so a warm result is of the caller's own
+    class (a cloudpickled copy of an equinox Module class lost its fields: the next call
+    failed with "'Transformer' object has no attribute 'embed'")."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "local_module.py"
+    script.write_text(LOCAL_MODULE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["compiles"] == 1 and (warm["compiles"], warm["traces"], warm["hits"]) == (0, 0, 1)
+    for run in runs:
+        assert run["w"] == [8.0] * 3 and run["own_class"] and run["label"] == "s"

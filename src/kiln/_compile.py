@@ -709,7 +709,8 @@ class _Miss:
             )
             if "static_out" in entry.sections:
                 if static_out is None:
-                    static_out = _jax_compat.unpickle_value(entry.sections["static_out"])
+                    static_out = _jax_compat.unpickle_tree(entry.sections["static_out"],
+                                                           self._input_objects())
                 compiled = _with_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
             self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
@@ -922,9 +923,10 @@ class _Miss:
         static_out = self.box.get(self.box_sig)
         result = compiled if static_out is None else _with_static_outputs(compiled, *static_out)
         try:
-            sections, mode = _jax_compat.serialize_compiled(compiled, self._input_objects())
+            inputs = self._input_objects()
+            sections, mode = _jax_compat.serialize_compiled(compiled, inputs)
             if static_out is not None:
-                sections["static_out"] = _jax_compat.pickle_value(static_out)
+                sections["static_out"] = _jax_compat.pickle_tree(static_out, inputs)
         except _jax_compat.Unserializable as e:
             self._explain("unstorable", f"executable not stored: {e}")
             self._not_stored(str(e))

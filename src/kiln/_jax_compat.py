@@ -71,6 +71,8 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "make_dispatcher",
     "compile_to_store",
     "input_objects",
+    "pickle_tree",
+    "unpickle_tree",
     "fun_name",
     "no_persistent_cache_writes",
     "ordered_effects",
@@ -360,8 +362,8 @@ _ATOMS = (str, bytes, int, float, bool, complex, type(None))
 
 def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list[Any]:
     """The objects a call's inputs hold outside their arrays, in a fixed order: each node's
-    auxiliary data in ``treedef`` (a flax ``TrainState``'s ``apply_fn`` and ``tx``, a dict's
-    keys) and the static arguments' values, with the items of tuples, lists and dicts among
+    class and auxiliary data in ``treedef`` (a flax ``TrainState``'s ``apply_fn`` and ``tx``, a
+    dict's keys) and the static arguments' values, with the items of tuples, lists and dicts among
     them. Two calls under one key give equal lists (the key holds them by value)."""
     out: list[Any] = []
 
@@ -379,6 +381,7 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
     def walk(td: Any) -> None:
         data = td.node_data()
         if data is not None:
+            add(data[0], 0)  # the node's class (an equinox Module defined in a function)
             add(data[1], 0)
         for child in td.children():
             walk(child)
@@ -438,13 +441,7 @@ def serialize_compiled(
         pickler.dump((unloaded, compiled.args_info, None, compiled._no_kwargs))
     except Exception as e:  # noqa: BLE001
         raise Unserializable(f"{type(e).__name__}: {e}") from None
-    tree = io.BytesIO()
-    try:
-        _TreePickler(tree, inputs).dump(compiled.out_tree)
-    except Exception as e:  # noqa: BLE001
-        raise Unserializable(f"the output's tree structure cannot be pickled: "
-                             f"{type(e).__name__}: {e}") from None
-    sections["out_tree"] = tree.getvalue()
+    sections["out_tree"] = pickle_tree(compiled.out_tree, inputs)
     if pickler.executable is None:  # pragma: no cover
         raise Unserializable("no XLA executable found in the compiled program")
     sections["exec"] = pickler.executable
@@ -483,7 +480,7 @@ def load_compiled(
     ).load()
     tree = out_tree
     if tree is None:
-        tree = _TreeUnpickler(io.BytesIO(sections["out_tree"]), inputs).load()
+        tree = unpickle_tree(sections["out_tree"], inputs)
     return _stages.Compiled(unloaded.load(), [], args_info, tree, no_kwargs=no_kwargs)
 
 
@@ -659,6 +656,15 @@ class _TreePickler(_ValuePickler):
             return ("input", i)
         return super().persistent_id(obj)
 
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and _named_global(obj) is None:
+            # a copy of a class is not the class: an equinox Module rebuilt from a cloudpickled
+            # class loses its fields (seen on examples/eqx_transformer.py)
+            raise pickle.PicklingError(
+                f"the class {obj.__qualname__} is defined inside a function and is not one "
+                "the inputs hold")
+        return super().reducer_override(obj)
+
 
 class _TreeUnpickler(_ValueUnpickler):
     def __init__(self, file: io.BytesIO, inputs: Sequence[Any]) -> None:
@@ -671,6 +677,28 @@ class _TreeUnpickler(_ValueUnpickler):
                 raise pickle.UnpicklingError(f"input object {pid[1]} is not in this call")
             return self._inputs[pid[1]]
         return super().persistent_load(pid)
+
+
+def pickle_tree(value: Any, inputs: Sequence[Any]) -> bytes:
+    """Pickle an output's structure (a tree, static outputs) with what the call's ``inputs``
+    hold by position (``input_objects``), anything else as ``pickle_value`` does, except
+    classes defined inside a function.
+
+    Raises:
+        Unserializable: it cannot be pickled.
+    """
+    buf = io.BytesIO()
+    try:
+        _TreePickler(buf, inputs).dump(value)
+    except Exception as e:  # noqa: BLE001
+        raise Unserializable(f"the output's tree structure cannot be pickled: "
+                             f"{type(e).__name__}: {e}") from None
+    return buf.getvalue()
+
+
+def unpickle_tree(data: bytes, inputs: Sequence[Any]) -> Any:
+    """The value :func:`pickle_tree` pickled, its input references taken from ``inputs``."""
+    return _TreeUnpickler(io.BytesIO(data), inputs).load()
 
 
 def pickle_value(value: Any) -> bytes:
