@@ -416,3 +416,54 @@ def test_the_route_is_on_from_import_so_work_before_the_first_kiln_jit_is_cached
     assert warm["hits"] == cold["writes"] and warm["y"] == cold["y"]
     off, _ = _run([sys.executable, str(prog)], tmp_path, _env(store, KILN_JAX_CACHE="0"))
     assert off["routed"] is False and off["hits"] == 0 and off["compiles_before_kiln"] >= 1
+
+
+SERVED = textwrap.dedent('''
+    import json, sys, jax, jax.numpy as jnp
+    from jax._src import compiler
+
+    served = []
+    _real = compiler.log_persistent_cache_hit
+
+    def record(module_name, cache_key):
+        served.append(module_name)
+        return _real(module_name, cache_key)
+
+    compiler.log_persistent_cache_hit = record
+    import kiln
+
+    w = jax.random.normal(jax.random.key(0), (8, 8))   # eager work before any jit
+    b = jnp.tanh(w).sum()
+
+    def step(x):
+        return jnp.sin(x) @ w + b
+
+    f = kiln.jit(step) if sys.argv[1] == "kiln" else jax.jit(step)
+    y = f(w)
+    z = jax.jit(lambda v: v * 3.0)(y)                   # a library's jax.jit after it
+    print("RESULT " + json.dumps({"served": sorted(served), "kiln_hits": kiln.stats().hits,
+                                  "z": z.tolist()}))
+''')
+
+
+@pytest.mark.slow
+def test_what_kiln_caches_is_what_jax_s_cache_would(tmp_path):
+    """The same script under JAX's own cache and under kiln, twice each (issue 23): every
+    program JAX's cache serves the second time is served under kiln too, by kiln's store
+    (the kiln.jit function) or by JAX's cache through the kiln:// route (everything else)."""
+    prog = tmp_path / "served.py"
+    prog.write_text(SERVED)
+    jax_env = _env(tmp_path / "unused", KILN_JAX_CACHE="0",
+                   JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    kiln_env = _env(tmp_path / "store")
+    runs = {}
+    for name, mode, env in (("jax", "jax", jax_env), ("kiln", "kiln", kiln_env)):
+        _run([sys.executable, str(prog), mode], tmp_path, env)
+        runs[name], _ = _run([sys.executable, str(prog), mode], tmp_path, env)
+    by_jax, by_kiln = set(runs["jax"]["served"]), set(runs["kiln"]["served"])
+    assert "jit_step" in by_jax and len(by_jax) >= 3, by_jax  # eager ops, step, the lambda
+    assert runs["kiln"]["kiln_hits"] == 1  # step, from kiln's own store
+    assert by_kiln == by_jax - {"jit_step"}, (by_jax, by_kiln)
+    assert runs["kiln"]["z"] == runs["jax"]["z"]
