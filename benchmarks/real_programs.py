@@ -44,7 +44,7 @@ _STRIP = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_
           "EXAMPLE_JIT")
 # volatile fields of a program's result line: timings and kiln's counters
 _VOLATILE = {"time_to_first_result_s", "first_step_s", "hits", "misses", "traces", "compiles",
-             "kiln", "seconds", "elapsed_s", "wall_s"}
+             "kiln", "seconds", "elapsed_s", "wall_s", "steady_s", "jit", "mode"}
 
 # name: (script, kiln argv / env, plain argv / env, libraries its import floor imports)
 PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]], tuple[list[str], dict[str, str]],

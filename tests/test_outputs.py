@@ -187,3 +187,49 @@ def test_a_module_class_defined_in_a_function_comes_back_as_the_caller_s(tmp_pat
     assert cold["compiles"] == 1 and (warm["compiles"], warm["traces"], warm["hits"]) == (0, 0, 1)
     for run in runs:
         assert run["w"] == [8.0] * 3 and run["own_class"] and run["label"] == "s"
+
+
+LAMBDA_LEAF = r'''
+import json, equinox as eqx, jax, jax.numpy as jnp, kiln
+
+mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))  # final_activation: equinox's own lambda
+
+
+@kiln.filter_jit
+def step(m, x):
+    return jax.tree.map(lambda p: p * 0.5 if eqx.is_array(p) else p, m), m(x)
+
+
+x = jnp.ones(2)
+for _ in range(3):  # the output Module (with the lambda) passed back in
+    mlp, y = step(mlp, x)
+s = kiln.stats()
+print(json.dumps({"y": y.tolist(), "compiles": s.compiles, "hits": s.hits,
+                  "misses": s.misses}))
+'''
+
+
+def test_a_function_leaf_an_output_shares_with_the_inputs_is_the_caller_s(tmp_path) -> None:
+    """A function leaf (static under filter_jit) that the output holds because the input did
+    (an equinox MLP's final_activation, a lambda in equinox's module): a warm result holds the
+    caller's object, so passing it back in is the same program (a copy made a new static
+    value: every later call recompiled; examples/eqx_transformer.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "lambda_leaf.py"
+    script.write_text(LAMBDA_LEAF)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert (cold["compiles"], cold["misses"]) == (1, 1)
+    assert (warm["compiles"], warm["misses"], warm["hits"]) == (0, 0, 1)
+    assert warm["y"] == cold["y"]

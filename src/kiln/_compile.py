@@ -389,7 +389,7 @@ class _Miss:
         self.replace_keys: set[str] = set()
         self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
         self._quiet = False  # polling for another process's entry: no miss explanations
-        self.treedef, self.arg_statics = treedef, arg_statics
+        self.treedef, self.input_statics = treedef, statics  # (static leaves included)
         structure, aux = _treedef_parts(treedef)
         self.signature = avals_text = ", ".join(_aval_text(s) for s in sigs)
         extra = list(aux)
@@ -488,7 +488,7 @@ class _Miss:
     def _input_objects(self) -> list[Any]:
         """What this call's inputs hold besides arrays (``_jax_compat.input_objects``): an
         output's tree structure refers to them by position in its entry."""
-        return _jax_compat.input_objects(self.treedef, self.arg_statics)
+        return _jax_compat.input_objects(self.treedef, self.input_statics)
 
     def _explain(self, kind: str, message: str) -> None:
         if self._quiet:

@@ -657,7 +657,8 @@ class _TreePickler(_ValuePickler):
         return super().persistent_id(obj)
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type) and _named_global(obj) is None:
+        if (isinstance(obj, type) and "<locals>" in getattr(obj, "__qualname__", "")
+                and _named_global(obj) is None):
             # a copy of a class is not the class: an equinox Module rebuilt from a cloudpickled
             # class loses its fields (seen on examples/eqx_transformer.py)
             raise pickle.PicklingError(
