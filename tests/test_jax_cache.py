@@ -26,9 +26,10 @@ from kiln.stores import LocalStore
 
 JAX_WRITES_CALLBACKS = jax.__version_info__ >= (0, 11)
 
-SCRIPT = textwrap.dedent('''
-    import json, os, sys
-    import jax, jax.numpy as jnp
+
+# a child script's first lines: every real XLA compile counted in ``compiles``
+COUNTING = textwrap.dedent('''
+    import json, sys, jax, jax.numpy as jnp
     from jax._src import compiler
 
     compiles = []
@@ -39,6 +40,10 @@ SCRIPT = textwrap.dedent('''
         return _real(*args, **kwargs)
 
     compiler.backend_compile_and_load = counting
+''')
+
+SCRIPT = COUNTING + textwrap.dedent('''
+    import os
 
     @jax.jit
     def step(x, w):
@@ -337,18 +342,7 @@ def test_an_executable_jax_s_cache_loaded_is_compiled_again_before_kiln_stores_i
     sine_multiply_fusion not found"; JAX's api_test under kiln, issue 22). kiln's compile that
     JAX's cache serves is compiled again, fresh, before it is stored."""
     prog = tmp_path / "prog.py"
-    prog.write_text(textwrap.dedent('''
-        import json, sys, jax, jax.numpy as jnp
-        from jax._src import compiler
-
-        compiles = []
-        _real = compiler.backend_compile_and_load
-
-        def counting(*args, **kwargs):
-            compiles.append(1)
-            return _real(*args, **kwargs)
-
-        compiler.backend_compile_and_load = counting
+    prog.write_text(COUNTING + textwrap.dedent('''
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
@@ -384,18 +378,7 @@ def test_the_route_is_on_from_import_so_work_before_the_first_kiln_jit_is_cached
     programs are compiled by the first process only, as JAX's cache configured from the
     environment would; KILN_JAX_CACHE=0 leaves JAX alone from import on."""
     prog = tmp_path / "prog.py"
-    prog.write_text(textwrap.dedent('''
-        import json, jax, jax.numpy as jnp
-        from jax._src import compiler
-
-        compiles = []
-        _real = compiler.backend_compile_and_load
-
-        def counting(*args, **kwargs):
-            compiles.append(1)
-            return _real(*args, **kwargs)
-
-        compiler.backend_compile_and_load = counting
+    prog.write_text(COUNTING + textwrap.dedent('''
         import kiln
 
         routed_at_import = kiln._jax_cache.is_enabled()

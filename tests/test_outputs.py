@@ -138,6 +138,26 @@ def test_an_output_structure_that_cannot_be_stored_warns_once_and_is_listed(
     assert "_thread.lock" in next(iter(summary["not_stored"].values()))
 
 
+def _cold_then_warm(tmp_path: Any, script_text: str) -> list[dict[str, Any]]:
+    """Run ``script_text`` in two fresh processes on one empty store; their last JSON lines."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return runs
+
+
 LOCAL_MODULE = r'''
 import json, equinox as eqx, jax, jax.numpy as jnp, kiln
 
@@ -168,22 +188,7 @@ def test_a_module_class_defined_in_a_function_comes_back_as_the_caller_s(tmp_pat
     the stored structure refers to the inputs' class, so a warm result is of the caller's own
     class (a cloudpickled copy of an equinox Module class lost its fields: the next call
     failed with "'Transformer' object has no attribute 'embed'")."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "local_module.py"
-    script.write_text(LOCAL_MODULE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-5000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = runs = _cold_then_warm(tmp_path, LOCAL_MODULE)
     assert cold["compiles"] == 1 and (warm["compiles"], warm["traces"], warm["hits"]) == (0, 0, 1)
     for run in runs:
         assert run["w"] == [8.0] * 3 and run["own_class"] and run["label"] == "s"
@@ -214,22 +219,7 @@ def test_a_function_leaf_an_output_shares_with_the_inputs_is_the_caller_s(tmp_pa
     (an equinox MLP's final_activation, a lambda in equinox's module): a warm result holds the
     caller's object, so passing it back in is the same program (a copy made a new static
     value: every later call recompiled; examples/eqx_transformer.py)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "lambda_leaf.py"
-    script.write_text(LAMBDA_LEAF)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-5000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    cold, warm = runs
+    cold, warm = _cold_then_warm(tmp_path, LAMBDA_LEAF)
     assert (cold["compiles"], cold["misses"]) == (1, 1)
     assert (warm["compiles"], warm["misses"], warm["hits"]) == (0, 0, 1)
     assert warm["y"] == cold["y"]
