@@ -415,9 +415,4 @@ def enable_by_default() -> None:
         # kiln.jit function: inside JAX's cache (the route's first read) it could only be logged
         with contextlib.suppress(OSError, KilnError):
             open_store(cfg)
-    if _turned_off or is_enabled() or not cfg.jax_cache:
-        return
-    try:
-        enable_jax_cache()
-    except Exception as e:  # noqa: BLE001 - a cache: never stop the program over it
-        logger.debug("kiln: JAX cache route not enabled: %s", e)
+    enable_at_import()  # the same opt-outs; a no-op once the route is on

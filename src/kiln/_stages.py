@@ -45,19 +45,16 @@ class Lowered:
         lowering with them (not stored; JAX's errors for unknown options), as a
         :class:`Compiled` called as any other.
         """
-        if compiler_options is None and device_assignment is None:
-            return self._compile()
         return self._compile(compiler_options, device_assignment)
 
     def _user_lowering(self) -> jax.stages.Lowered:
         if self._plain_lowered is None:
-            got = None
-            if self._plain is not None:
-                try:
-                    got = self._plain()
-                except Exception:  # noqa: BLE001 - static arrays by value: jax.jit refuses
-                    got = None
-            self._plain_lowered = got if got is not None else self._lowering()
+            try:
+                self._plain_lowered = self._plain() if self._plain is not None else None
+            except Exception:  # noqa: BLE001 - static arrays by value: jax.jit refuses
+                pass
+            if self._plain_lowered is None:
+                self._plain_lowered = self._lowering()
         return self._plain_lowered
 
     def as_text(self, dialect: str | None = None, **kwargs: Any) -> str:
