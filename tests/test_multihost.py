@@ -35,6 +35,13 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 import kiln
 
+# eager work on this process's own device before any kiln.jit (drawing data): programs of this
+# process alone, under keys of their own (JAX's cache writes process 0's only)
+s0 = kiln.stats()
+noise = jax.random.normal(jax.random.key(pid), (4,)) * 0.1 + pid
+eager = {"misses": kiln.stats().jax_cache_misses - s0.jax_cache_misses,
+         "hits": kiln.stats().jax_cache_hits - s0.jax_cache_hits, "value": noise.tolist()}
+
 n = nproc * ndev
 mesh = jax.make_mesh((n,), ("d",))
 row = NamedSharding(mesh, P("d"))
@@ -179,7 +186,8 @@ s1 = kiln.stats()
 pickled = {"value": value, "ref": out["tanh_sum"]["ref"],
            **{k: getattr(s1, k) - getattr(s0, k) for k in ("traces", "compiles")}}
 route = jax.config.jax_compilation_cache_dir
-print("JOB " + json.dumps({"pid": pid, "cases": out, "pickled": pickled, "route": route}),
+print("JOB " + json.dumps({"pid": pid, "cases": out, "pickled": pickled, "route": route,
+                          "eager": eager}),
       flush=True)
 jax.distributed.shutdown()
 '''
@@ -253,6 +261,12 @@ def test_a_job_on_one_shared_store_compiles_each_program_once(
         assert sum(r["cases"][name]["hits"] for r in cold) == nproc - 1, name
     warm = run_job(tmp_path, nproc, ndev, [store])
     _check_values(warm)
+    for c, w in zip(cold, warm, strict=True):
+        # each process's own eager programs: written by that process cold (JAX writes its cache
+        # from process 0 only; the route takes every process's), read warm, none compiled
+        assert c["eager"]["misses"] > 0 and c["eager"]["hits"] == 0, c["eager"]
+        assert w["eager"]["misses"] == 0 and w["eager"]["hits"] > 0, w["eager"]
+        assert w["eager"]["value"] == c["eager"]["value"]
     for r in warm:
         for name, c in r["cases"].items():
             if name == "noinline_in_shard_map":

@@ -19,6 +19,10 @@ compiles (it is held until JAX writes the value, or shortly after XLA's compile 
 not write it); another process missing the same key meanwhile waits for the value instead of
 compiling it too (:class:`kiln.stores.Leasable`; counted in ``lease_waits``).
 
+In a ``jax.distributed`` job every process writes what it compiled (JAX's own cache is
+written by process 0 only; a program only another process compiles, its eager work on its own
+devices, would be compiled there in every run: :func:`kiln._jax_compat.write_from_every_process`).
+
 JAX decides what it caches: jax 0.10 never writes an executable that holds host callbacks
 (``jax.debug.print``, ``io_callback``, equinox's runtime checks); jax 0.11 and later write
 them. kiln's own compiles (:func:`kiln.jit`) skip the route's writes: kiln stores those
@@ -368,6 +372,8 @@ def enable_jax_cache() -> bool:
             epath.register_path_cls(SCHEME)(StorePath)
             jax.monitoring.register_event_listener(_on_event)
             jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            # each process of a jax.distributed job writes what it compiled (JAX: process 0)
+            _jax_compat.write_from_every_process(is_enabled)
             _registered = True
         for name, value in _SETTINGS.items():
             _saved[name] = getattr(jax.config, name)
