@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import jax
-import jax.extend.core as jex
 import numpy as np
 
 from . import _args, _explain, _gc, _jax_compat, _noinline_p, _stats
@@ -179,7 +178,7 @@ def lower_inlined(miss: _Miss, args: list[Any]) -> jax.stages.Lowered:
     """``miss``'s traced jaxpr lowered with its noinline calls inlined (same calling convention
     and donation as the first executable)."""
     assert miss.traced is not None  # internal invariant
-    run = jex.jaxpr_as_fun(miss.traced.jaxpr)
+    run = _jax_compat.jaxpr_as_fun(miss.traced.jaxpr)
 
     def inlined(*leaves: Any) -> Any:
         return run(*leaves)
@@ -619,11 +618,14 @@ class _Miss:
 
     def _load(self, key: str, t_start: float) -> Loaded:
         """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not."""
+        t0 = time.perf_counter()
         try:
             blob = self.store.get(key)
         except (OSError, StoreError) as e:
             self._store_fault("read", e)
             return _UNUSABLE
+        finally:
+            _stats.bump(read_seconds=time.perf_counter() - t0)
         if blob is None:
             if not self._quiet:
                 self._log_memory_reason()

@@ -154,8 +154,10 @@ class StorePath:
             return last[1]  # type: ignore[no-any-return]
         jax_key = _jax_key(self.name)
         value = None
+        t0 = time.perf_counter()
         with reporting(logger.warning), _never_raises("read"):  # inside JAX's cache
             value = None if jax_key is None else _read(jax_key)
+        _stats.bump(jax_cache_read_seconds=time.perf_counter() - t0)
         _local.last = (self._text, value) if value is not None else None
         return value
 
@@ -301,7 +303,12 @@ def _module_name(jax_key: str) -> str:
 
 def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
     """After XLA's compile in a thread holding a route lease: JAX writes the value next, or
-    never (an executable it does not cache); release the lease shortly in either case."""
+    never (an executable it does not cache); release the lease shortly in either case. And
+    JAX's retrieval time of a hit, counted while the route is on."""
+    if event == _RETRIEVAL:
+        if is_enabled():
+            _stats.bump(jax_cache_load_seconds=duration_secs)
+        return
     if event != _BACKEND_COMPILE or getattr(_held, "item", None) is None:
         return
     key = _held.item[0]
@@ -317,6 +324,7 @@ def _release_later(item: tuple[str, Held]) -> None:
 
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
 
 
 def _on_event(event: str, **kwargs: Any) -> None:

@@ -52,8 +52,16 @@ from jax._src.lib import xla_client as _xc
 # hot path. Exposed as xla_client.ArrayImpl since jaxlib 0.4.
 ArrayImpl = _xc.ArrayImpl
 
+# jax._src.core's Primitive, jaxpr_as_fun and jaxprs_in_params: what ``jax.extend.core``
+# re-exports (0.4 to 0.12). Taken from jax._src.core, already imported by jax, because importing
+# ``jax.extend`` imports all of it, pallas included: 18 ms of every ``import kiln`` (issue 23).
+Primitive = _core.Primitive
+jaxpr_as_fun = _core.jaxpr_as_fun
+
 __all__ = [  # every name kiln uses (the rest is private to this shim)
     "ArrayImpl",
+    "Primitive",
+    "jaxpr_as_fun",
     "InternalFloatingPointError",
     "Unserializable",
     "apply_local_config",
@@ -515,7 +523,6 @@ def _ensure_cpu_kernels() -> None:
 def eqns_in(jaxpr: Any) -> Iterator[Any]:
     """Every equation of ``jaxpr`` and of its sub-jaxprs (scan, while, cond, custom_jvp, pjit
     bodies), each sub-jaxpr once."""
-    import jax.extend.core as jex
 
     stack, seen = [jaxpr], set()
     while stack:
@@ -525,7 +532,7 @@ def eqns_in(jaxpr: Any) -> Iterator[Any]:
         seen.add(id(j))
         for eqn in j.eqns:
             yield eqn
-            stack.extend(getattr(s, "jaxpr", s) for s in jex.jaxprs_in_params(eqn.params))
+            stack.extend(getattr(s, "jaxpr", s) for s in _core.jaxprs_in_params(eqn.params))
 
 
 def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:

@@ -18,9 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.extend.core as jex
 import numpy as np
-from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from . import _jax_compat, _stats
@@ -31,7 +29,7 @@ from ._hashing import Unpersistable
 __all__ = ["noinline_p", "inlining", "inlined_size", "called_names", "separate_size",
            "calls_in"]
 
-noinline_p = Primitive("kiln_noinline")
+noinline_p = _jax_compat.Primitive("kiln_noinline")
 noinline_p.multiple_results = True
 
 
@@ -95,7 +93,7 @@ class _Sub:
         key = tuple(in_avals)
         got = self._inline_fns.get(key)
         if got is None:
-            run = jex.jaxpr_as_fun(self.jaxpr(in_avals))
+            run = _jax_compat.jaxpr_as_fun(self.jaxpr(in_avals))
 
             def inlined(*xs: Any) -> Any:
                 return run(*xs)

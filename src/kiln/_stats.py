@@ -28,6 +28,8 @@ class Stats:
         compile_seconds: seconds spent tracing + lowering + compiling on misses.
         saved_seconds: compile seconds recorded in the entries that were loaded instead.
         load_seconds: seconds spent loading (deserializing) entries.
+        read_seconds: seconds spent reading kiln's entries from the store (before they are
+            checked and loaded; misses included).
         fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
             store lookup, building a manifest after a cold trace, re-checking one on a hit).
         bad_entries: corrupt / foreign / tampered entries seen (each replaced).
@@ -42,6 +44,11 @@ class Stats:
             (:func:`kiln.enable_jax_cache`). JAX counts a miss where it writes the value, so
             kiln's own compiles (kept in kiln's entries, never written by JAX) are not misses.
         jax_cache_writes: values JAX's cache wrote into kiln's store through the route.
+        jax_cache_read_seconds: seconds the route spent reading and checking values JAX's cache
+            asked for (hits and misses).
+        jax_cache_load_seconds: seconds JAX spent retrieving its hits through the route (its
+            ``/jax/compilation_cache/cache_retrieval_time_sec``: the route's read, then JAX's
+            decompress and deserialize).
         remote_hits, remote_misses: lookups a remote store (Redis, an object store) answered
             with an entry / without one (the local store had none).
         remote_timeouts, remote_errors: remote store operations that got no answer in
@@ -63,6 +70,7 @@ class Stats:
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
     load_seconds: float = 0.0
+    read_seconds: float = 0.0
     fingerprint_seconds: float = 0.0
     bad_entries: int = 0
     store_errors: int = 0
@@ -72,6 +80,8 @@ class Stats:
     jax_cache_hits: int = 0
     jax_cache_misses: int = 0
     jax_cache_writes: int = 0
+    jax_cache_read_seconds: float = 0.0
+    jax_cache_load_seconds: float = 0.0
     remote_hits: int = 0
     remote_misses: int = 0
     remote_timeouts: int = 0

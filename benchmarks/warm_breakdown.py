@@ -1,0 +1,132 @@
+"""Benchmark: where a kiln warm start's time goes, per real program (issue 23, item 5).
+
+Run from the repository root (about 1 minute per program with ``--reps 5``):
+
+    python benchmarks/warm_breakdown.py [--reps 5] [--programs mlp_digits,...] [--json PATH]
+
+The programs are ``benchmarks/real_programs.py``'s. Each is run once on an empty store (kiln
+cold), then ``--reps`` times warm, each a fresh process started through a small wrapper that
+imports the program's libraries, then ``kiln`` (timed apart), runs the program unchanged
+(``runpy``) and prints ``kiln.stats()`` at the end. Per program, medians of the warm runs, in
+seconds:
+
+- ``wall``: the whole process; ``import libs``: ``import jax`` and the program's libraries;
+- ``import kiln``: ``import kiln`` after them (kiln's own modules and what only kiln imports);
+- ``fingerprint``: the static walk before each lookup and the manifest checks of each hit;
+- ``read``: reading kiln's entries from the store; ``load``: checking and deserializing them;
+- ``route read``: the ``kiln://`` route reading the values JAX's cache asks for (``n`` values);
+  ``route load``: JAX's own retrieval of those hits (the route's read, then its decompress and
+  deserialize), which JAX's cache in a directory would spend too;
+- ``kiln share``: import kiln + fingerprint + read + load + route read: what kiln adds to a
+  warm start (target, issue 23: <= 0.2 s).
+
+The rest of ``wall`` is the program's own work (data, training steps) and the interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from _installed import compile_bytecode
+from real_programs import PROGRAMS, _base_env
+
+WRAPPER = r'''
+import time
+T0 = time.perf_counter()
+import json, runpy, sys
+libs, script, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+for lib in libs.split(","):
+    __import__(lib.strip())
+T1 = time.perf_counter()
+import kiln
+T2 = time.perf_counter()
+sys.argv = [script, *argv]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    if e.code not in (None, 0):
+        raise
+s = kiln.stats()
+print("BREAKDOWN " + json.dumps({
+    "wall_in_process": time.perf_counter() - T0, "import_libs": T1 - T0, "import_kiln": T2 - T1,
+    "fingerprint": s.fingerprint_seconds, "read": s.read_seconds, "load": s.load_seconds,
+    "route_read": s.jax_cache_read_seconds, "route_load": s.jax_cache_load_seconds,
+    "route_values": s.jax_cache_hits, "hits": s.hits, "compiles": s.compiles,
+    "jax_cache_misses": s.jax_cache_misses}), flush=True)
+'''
+
+FIELDS = ("import_libs", "import_kiln", "fingerprint", "read", "load", "route_read",
+          "route_load")
+
+
+def _run(wrapper: Path, libs: str, argv: list[str], env: dict[str, str],
+         cwd: Path) -> dict[str, Any]:
+    import time
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(wrapper), libs, *argv], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-4000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("BREAKDOWN ")][-1]
+    return {"wall": wall, **json.loads(line[len("BREAKDOWN "):])}
+
+
+def measure(name: str, reps: int, tmp: Path) -> dict[str, Any]:
+    script, (kiln_argv, kiln_env), _, libs = PROGRAMS[name]
+    wrapper = tmp / "wrapper.py"
+    wrapper.write_text(WRAPPER)
+    env = _base_env() | kiln_env | {"KILN_CACHE_DIR": str(tmp / f"{name}-store"),
+                                    "KILN_PROGRESS": "0"}
+    argv = [str(script), *kiln_argv]
+    cold = _run(wrapper, libs, argv, env, tmp)
+    warm = [_run(wrapper, libs, argv, env, tmp) for _ in range(reps)]
+    med = {k: statistics.median(r[k] for r in warm)
+           for k in ("wall", *FIELDS, "route_values", "hits", "compiles")}
+    med["kiln_share"] = statistics.median(
+        r["import_kiln"] + r["fingerprint"] + r["read"] + r["load"] + r["route_read"]
+        for r in warm)
+    return {"median": med, "cold": cold, "warm": warm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
+    compile_bytecode()
+    names = [n for n in args.programs.split(",") if n]
+    unknown = [n for n in names if n not in PROGRAMS]
+    if unknown:
+        parser.error(f"--programs: unknown {unknown}; known: {', '.join(PROGRAMS)}")
+    report: dict[str, Any] = {}
+    print("| program | wall | import libs | import kiln | fingerprint | read | load | "
+          "route read (n) | route load | kiln share | compiles |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            m = measure(name, args.reps, Path(tmp))["median"]
+            report[name] = m
+            print(f"| {name} | {m['wall']:.2f} | {m['import_libs']:.2f} | "
+                  f"{m['import_kiln']:.3f} | {m['fingerprint']:.3f} | {m['read']:.3f} | "
+                  f"{m['load']:.3f} | {m['route_read']:.3f} ({m['route_values']:.0f}) | "
+                  f"{m['route_load']:.3f} | **{m['kiln_share']:.3f}** | {m['compiles']:.0f} |",
+                  flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
