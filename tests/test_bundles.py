@@ -242,6 +242,9 @@ def _rewrite_part(store_dir: Path, key: str, name: str, value: str) -> None:
         ("backend", "tpu 1.0", "built for platform tpu 1.0 (here "),
         # a job of another topology (jax.distributed: processes x local devices)
         ("processes", "4 x2", "built for job topology 4 x2 (here 1 x1)"),
+        # a CPU executable of another machine kind (issue 26: XLA:CPU compiles for the host's
+        # instruction set, and its loader rejects a foreign one)
+        ("machine", "aarch64 sve2 0badc0de", "built for machine kind aarch64 sve2 0badc0de (here "),
     ],
 )
 def test_an_entry_built_elsewhere_is_reported_and_not_loaded(

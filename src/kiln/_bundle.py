@@ -10,7 +10,8 @@ A bundle is one file, little-endian::
     24       1     digest kind: 0 = SHA-256, 1 = HMAC-SHA256 under the configured signing key
     25       7     zero padding
     32       M     manifest: UTF-8 JSON object: the exporting process's "kiln", "jax",
-                   "jaxlib", "platform" and "device_kind", "created" (POSIX seconds), and
+                   "jaxlib", "platform", "device_kind" and "machine" (its machine kind, see
+                   kiln._machine), "created" (POSIX seconds), and
                    "entries": per entry, in file order, its "key", "kind", "function",
                    "signature", "size" (bytes) and "sha256" (hex digest of its bytes)
     32+M     E     the entries, each a whole kiln entry (see kiln._entry), back to back
@@ -20,9 +21,9 @@ A bundle is one file, little-endian::
 the manifest is parsed, and refuses the whole bundle when one of them does not hold. Each entry
 inside is then decoded like any entry read from a store (its own digest or signature under the
 importing process's ``signing_key``, and the key it was written for) and compared with this
-process's kiln, jax and jaxlib versions, platform and devices (its key parts, which are part of
-its key: an entry built for another environment could never be used here); one that does not
-verify or does not fit is reported and not loaded.
+process's kiln, jax and jaxlib versions, platform, devices and machine kind (its key parts,
+which are part of its key: an entry built for another environment could never be used here);
+one that does not verify or does not fit is reported and not loaded.
 
 What is trusted: importing a bundle is copying entries into the store, and an entry holds native
 code and pickles. Without ``KILN_SIGNING_KEY`` the digests only detect damage, not tampering:
@@ -72,7 +73,8 @@ _DIGEST_SIZE = 32
 _KEY = re.compile(r"[0-9a-f]{64}")
 # The key parts an entry must share with this process to be loaded, with their names in reports.
 _CHECKED = {"format": "entry format", "kiln": "kiln", "jax": "jax", "jaxlib": "jaxlib",
-            "backend": "platform", "device": "devices", "processes": "job topology"}
+            "backend": "platform", "device": "devices", "processes": "job topology",
+            "machine": "machine kind"}
 
 
 # -- the file format -----------------------------------------------------------------------------
@@ -286,6 +288,7 @@ def write_bundle(
         "jaxlib": env["jaxlib"],
         "platform": env["backend"].partition(" ")[0],
         "device_kind": env["device"].rpartition(" x")[0] or env["device"],
+        "machine": env["machine"],
         "created": time.time(),
         "entries": rows,
     }
@@ -306,7 +309,9 @@ def export_entries(
 
     Every entry is verified first (digest or ``KILN_SIGNING_KEY`` signature, and its key); one
     that does not verify is left out with a :class:`kiln.StoreWarning`. The bundle records the
-    kiln, jax and jaxlib versions, platform and device kind of this process, and per entry its
+    kiln, jax and jaxlib versions, platform, device kind and machine kind (on CPU the
+    architecture and instruction-set features, :mod:`kiln._machine`) of this process, and per
+    entry its
     key, function, size (bytes) and SHA-256; the whole file carries a SHA-256 digest, or an
     HMAC-SHA256 under ``KILN_SIGNING_KEY`` when that is set. The file is written atomically,
     readable by its owner only (it holds native code).
@@ -348,7 +353,7 @@ class ImportedEntry:
         status: ``"loaded"`` (written into the store), ``"present"`` (the store already had a
             valid entry under this key; left as it was) or ``"skipped"`` (not loaded).
         reason: why it was skipped (it does not verify here, or was built for another kiln,
-            jax or jaxlib version, platform or devices); ``None`` otherwise.
+            jax or jaxlib version, platform, devices or machine kind); ``None`` otherwise.
     """
 
     key: str
@@ -395,7 +400,7 @@ def _unfit(header: dict[str, Any], here: dict[str, str]) -> str | None:
         p[0]: p[1] for p in header.get("key_parts") or []
         if isinstance(p, list | tuple) and len(p) == 2
     }
-    for name in ("kiln", "jax", "jaxlib"):
+    for name in ("kiln", "jax", "jaxlib", "machine"):
         if name not in recorded and isinstance(header.get(name), str):
             recorded[name] = header[name]
     differ = [f"{label} {recorded[name]} (here {here[name]})" for name, label in _CHECKED.items()
@@ -412,8 +417,10 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
     another key (or unsigned where a key is set), is refused as a whole and nothing is
     imported. Each entry is then decoded like an entry read from a store (its own digest or
     signature under this process's ``KILN_SIGNING_KEY``, and its key) and compared with this
-    process: the kiln, jax and jaxlib versions, platform (and its version) and device kind and
-    count it was built for must be this process's, or it is reported and not loaded (its key
+    process: the kiln, jax and jaxlib versions, platform (and its version), device kind and
+    count and machine kind (a CPU executable is only loaded on the architecture and
+    instruction-set features it was compiled for) it was built for must be this process's, or
+    it is reported and not loaded, with the difference as its reason (its key
     would never be looked up here). Entries built under other jax settings or ``XLA_FLAGS``
     load, and are used by processes with those settings. An entry the store already holds
     (valid, under the same key) is left as it is. Trust: see :mod:`kiln._bundle`; importing is

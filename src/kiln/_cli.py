@@ -163,6 +163,8 @@ class _Row:
     calls: list[str] = dataclasses.field(default_factory=list)
     used_by: list[str] = dataclasses.field(default_factory=list)
     tier: str | None = None
+    # the machine kind it was compiled for (its "machine" key part: kiln._machine), or None
+    machine: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -207,6 +209,7 @@ def _rows(store: Any) -> list[_Row]:
             size, created, last_used, seconds,
             calls=[str(c) for c in calls] if isinstance(calls, list) else [],
             tier=str(tier) if tier is not None else None,
+            machine=_machine_of(header),
         ))
     callers: dict[str, set[str]] = {}
     for r in rows:
@@ -216,6 +219,16 @@ def _rows(store: Any) -> list[_Row]:
         r.used_by = sorted(callers.get(r.function, ()))
     rows.sort(key=lambda r: (r.function, r.created or 0.0, r.key))
     return rows
+
+
+def _machine_of(header: dict[str, Any]) -> str | None:
+    """The machine kind an entry was compiled for: its ``machine`` key part (a kiln
+    executable) or header field (a JAX-cache value); None for entries older than issue 26."""
+    for part in header.get("key_parts") or ():
+        if isinstance(part, list | tuple) and len(part) == 2 and part[0] == "machine":
+            return str(part[1])
+    machine = header.get("machine")
+    return machine if isinstance(machine, str) else None
 
 
 def _short(function: str) -> str:
@@ -241,6 +254,9 @@ def _looks_like_key(key: str) -> bool:
 def _cmd_ls(args: argparse.Namespace) -> int:
     store = _open_store()
     rows = _rows(store)
+    if args.machine:
+        want = args.machine.lower()
+        rows = [r for r in rows if r.machine is not None and want in r.machine.lower()]
     strays = _strays(store)
     if strays:
         _note(f"{len(strays)} stray file(s) in {store.url} that are not entries (not listed; "
@@ -249,10 +265,15 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         _say(json.dumps([r.as_json() for r in rows], indent=2))
         return 0
     if not rows:
-        _note(f"no entries in {store.url}")
+        _note(f"no entries in {store.url}"
+              + (f" for machine kind {args.machine!r}" if args.machine else ""))
         return 0
     now = _clock()
     header = ["FUNCTION", "SIGNATURE", "SIZE", "CREATED", "LAST USED", "COMPILE S", "KEY"]
+    # the machine kind column only where the store serves more than one kind (a mixed fleet)
+    machines = len({r.machine for r in rows if r.machine}) > 1
+    if machines:
+        header.append("MACHINE")
     noinline = any(r.calls or r.used_by for r in rows)
     table = [tuple(header + ["NOINLINE"] if noinline else header)]
     for r in rows:
@@ -264,9 +285,11 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             "-" if r.last_used is None else _ago(now - r.last_used),
             "-" if r.compile_seconds is None else f"{r.compile_seconds:.2f}",
             r.key[:12],
+            *((r.machine or "-",) if machines else ()),
             *((_noinline_text(r),) if noinline else ()),
         ))
-    right = (False, False, True, True, True, True, False) + ((False,) if noinline else ())
+    right = ((False, False, True, True, True, True, False) + ((False,) if machines else ())
+             + ((False,) if noinline else ()))
     for line in _columns(table, right=right):
         _say(line)
     return 0
@@ -288,6 +311,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "bytes": sum(r.size for r in rows),
         "compile_seconds": round(sum(r.compile_seconds or 0.0 for r in rows), 6),
         "functions": dict(sorted(functions.items())),
+        # the machine kinds the store serves (kiln._machine): entries per kind
+        "machines": dict(sorted(Counter(r.machine for r in rows if r.machine).items())),
         "verify_only_markers": sum(r.kind == "verify-only" for r in rows),
         # functions whose executable could not be stored, with the reason (kiln warned once)
         "not_stored": {r.function: _marker_reason(store, r.key) for r in rows
@@ -322,6 +347,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     if summary["temp_files"]:
         _say(f"temp files: {summary['temp_files']} ({_human_size(summary['temp_bytes'])}; "
              "writes in progress, or left by killed writers: 'kiln prune' removes those)")
+    if summary["machines"]:
+        _say("machine kinds (entries each):")
+        for line in _columns([(str(n), m) for m, n in summary["machines"].items()],
+                             (True, False)):
+            _say("  " + line)
     if functions:
         _say("functions:")
         for line in _columns([(str(n), f) for f, n in sorted(functions.items())], (True, False)):
@@ -841,6 +871,9 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", parents=common, help="list the entries of the store",
                         description="One row per entry; reads headers only.")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("--machine", metavar="KIND",
+                    help="only entries compiled for machine kinds containing KIND (as 'kiln "
+                         "stats' lists them: 'x86_64 avx512 3f9c2a1b', or a part: 'avx2')")
     ls.set_defaults(func=_cmd_ls)
 
     stats = sub.add_parser("stats", parents=common, help="summarize the store")

@@ -47,7 +47,7 @@ from . import _jax_compat, _stats
 from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
 from ._errors import EntryError, KilnError, StoreError, UnverifiableEntry
-from ._key import make_key
+from ._key import machine, make_key
 from .stores import Held, Leasable, await_or_lease, open_store, reporting, store_fault
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
@@ -77,8 +77,10 @@ _SETTINGS = {  # what the route sets (see enable_jax_cache)
 
 
 def store_key(jax_key: str) -> str:
-    """The store key (64 hex characters) of the value JAX caches under ``jax_key``."""
-    return make_key([("format", str(FORMAT_VERSION)), ("kind", _KIND), ("jax-key", jax_key)])
+    """The store key (64 hex characters) of the value JAX caches under ``jax_key``, on this
+    kind of machine: JAX's key holds no CPU features (issue 26), kiln's store key does."""
+    return make_key([("format", str(FORMAT_VERSION)), ("kind", _KIND), ("machine", machine()),
+                     ("jax-key", jax_key)])
 
 
 @contextlib.contextmanager
@@ -281,6 +283,7 @@ def _write(jax_key: str, value: bytes) -> None:
         "jax_key": jax_key,
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
+        "machine": machine(),
         "created": time.time(),
     }
     replace = key in _unusable  # (a remote store's put keeps what it holds)

@@ -5,7 +5,9 @@ Parts (each logged at DEBUG with its own short hash, so two keys can be diffed):
 - ``format``: the entry format version; ``kiln``, ``jax``, ``jaxlib``: versions;
 - ``backend``: platform, platform version, device kind and device count (global: every
   process of a ``jax.distributed`` job); ``processes``: the job's process count and devices per
-  process (never the process index, so a job's processes share entries);
+  process (never the process index, so a job's processes share entries); ``machine``: what the
+  executable needs from the machine (on CPU the architecture and instruction-set features, on
+  GPU the compute capability: :mod:`kiln._machine`);
 - ``config:<name>``: every jax config value that changes tracing (jax's own trace context: x64,
   default matmul precision, dtype promotion, ...); ``env:XLA_FLAGS``, ``env:LIBTPU_INIT_ARGS``;
 - ``function``: module + qualname; ``fingerprint``: the static-walk digest
@@ -30,8 +32,9 @@ import jaxlib
 
 from . import _jax_compat
 from ._entry import FORMAT_VERSION
+from ._machine import machine_part
 
-__all__ = ["environment_parts", "make_key"]
+__all__ = ["environment_parts", "machine", "make_key"]
 
 logger = logging.getLogger("kiln")
 
@@ -64,7 +67,14 @@ def _static_environment() -> tuple[tuple[str, str], ...]:
         # a multi-process job's topology (jax.distributed): the same in every process of the
         # job, never the process index, so the job's processes share one entry
         ("processes", f"{jax.process_count()} x{jax.local_device_count()}"),
+        # a fleet mixes machine kinds: an entry is only loaded on the kind it was compiled for
+        ("machine", machine_part(d0)),
     )
+
+
+def machine() -> str:
+    """This process's ``machine`` key part (its default backend's; see :mod:`kiln._machine`)."""
+    return dict(_static_environment())["machine"]
 
 
 def environment_parts() -> list[tuple[str, str]]:
