@@ -195,7 +195,7 @@ def _rows(store: Any) -> list[_Row]:
         kind = str(header.get("kind", "executable"))
         seconds = header.get("compile_seconds")
         seconds = float(seconds) if isinstance(seconds, int | float) else None
-        if kind in ("verify-only", "unstorable"):
+        if kind in ("verify-only", "unstorable", "not-storable"):
             # A marker: "this fingerprint needs the verify path", or "this function's
             # executable cannot be stored" (with the reason); no executable behind it.
             function = header.get("function")
@@ -304,7 +304,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     store = _open_store()
     rows = _rows(store)
     functions = Counter(r.function for r in rows
-                        if r.kind not in ("verify-only", "unreadable", "unstorable"))
+                        if r.kind not in ("verify-only", "unreadable", "unstorable",
+                                          "not-storable"))
     summary = {
         "store": store.url,
         "entries": len(rows),

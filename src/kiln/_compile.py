@@ -44,6 +44,7 @@ from .stores import (
     Held,
     Leasable,
     Lease,
+    RemoteSkipped,
     Store,
     await_or_lease,
     open_store,
@@ -88,6 +89,9 @@ class Outcome(enum.Enum):
     STALE = "stale"  # an entry built from something that has changed since
     UNUSABLE = "unusable"  # a corrupt, foreign or tampered entry, or a store that failed
     VERIFY_ONLY = "verify-only"  # a marker: this function takes the verify path
+    # a short-lived marker: the process that compiled it could not store it; compile here now
+    # (waiters do not take the key over one after another: issue 24)
+    NOT_STORABLE = "not-storable"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,6 +384,7 @@ class _Miss:
         self.reads: list[list[str]] = []  # files and directories the cold trace read
         self.read_reason: str | None = None  # why those cannot be keyed (kiln._reads)
         self.trace_seconds = 0.0
+        self.not_storable_reason = ""  # why the executable could not be stored (_serialize)
         # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):
         # what a kiln function pickled by value carries with it
         self.entries: list[tuple[Store, str]] = []
@@ -387,6 +392,7 @@ class _Miss:
         # replace (a remote store's put is create-only)
         self.replace_keys: set[str] = set()
         self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
+        self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
         self._quiet = False  # polling for another process's entry: no miss explanations
         self.treedef, self.input_statics = treedef, statics  # (static leaves included)
         structure, aux = _treedef_parts(treedef)
@@ -659,6 +665,15 @@ class _Miss:
         header = entry.header
         if header.get("kind") == "verify-only":
             return Loaded(Outcome.VERIFY_ONLY)
+        if header.get("kind") == "not-storable":
+            self.replace_keys.add(key)  # (a real entry, if one can be made later, replaces it)
+            if time.time() < float(header.get("expires", 0.0)):
+                self.no_flight.add(key)
+                self._explain("single-flight", f"{key[:12]}: the process that compiled it "
+                              f"could not store it ({header.get('reason', '?')}); compiling "
+                              "here without waiting")
+                return Loaded(Outcome.NOT_STORABLE)
+            return _ABSENT
         if header.get("tier") == "noinline" and self.cfg.tier_up and self.jf._may_tier_up:
             # stored before its inlined form was ready: tier up in this process
             self.start_tier_up, self.key = True, key
@@ -821,7 +836,7 @@ class _Miss:
         holder died: a local file lock is freed by the OS at once, a remote lease after
         ``lease_seconds``), and gives up waiting after ``lease_wait`` seconds.
         """
-        if not isinstance(self.store, Leasable):
+        if not isinstance(self.store, Leasable) or key in self.no_flight:
             return None, None
         cfg = self.cfg
         try:
@@ -837,7 +852,7 @@ class _Miss:
                 got = self._load(key, t_start)
             finally:
                 self._quiet = False
-            if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY):
+            if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY, Outcome.NOT_STORABLE):
                 return True, got
             return got.outcome not in (Outcome.ABSENT, Outcome.STALE), None
 
@@ -906,6 +921,7 @@ class _Miss:
         _stats.bump(misses=1, compiles=1, compile_seconds=total)
         result, sections, mode = self._serialize(compiled)
         if sections is None:
+            self._put_not_storable(key)
             return result
         header = self._header(mode, manifest, total, compile_s, *self.lowered_facts)
         if candidate:
@@ -931,9 +947,25 @@ class _Miss:
                 sections["static_out"] = _jax_compat.pickle_tree(static_out, inputs)
         except _jax_compat.Unserializable as e:
             self._explain("unstorable", f"executable not stored: {e}")
+            self.not_storable_reason = str(e)
             self._not_stored(str(e))
             return result, None, "none"
         return result, sections, mode
+
+    def _put_not_storable(self, key: str | None) -> None:
+        """Under the key this process just compiled and could not store (while it still holds
+        the key's lease): a marker that lasts ``lease_seconds``. The processes waiting for the
+        entry read it and compile at once, together, instead of taking the key over one after
+        another (N waiters: N compiles in sequence; issue 24). Once it has expired a process
+        tries to store the executable again (another version of a library may manage)."""
+        if key is None:
+            return
+        now = time.time()
+        marker = {"kind": "not-storable", "function": f"{self.jf._module}.{self.jf._name}",
+                  "signature": self.signature, "reason": self.not_storable_reason,
+                  "created": now, "expires": now + self.cfg.lease_seconds}
+        self.replace_keys.add(key)  # (an expired marker may be there: a remote put keeps it)
+        self._put(key, marker, {}, counted=False)
 
     def _not_stored(self, reason: str) -> None:
         """Never silent (issue 23): a function whose executable cannot be stored warns once per
@@ -985,7 +1017,8 @@ class _Miss:
             header["noinline"] = self.called_names  # for `kiln ls`: the noinline functions it calls
         return header
 
-    def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes]) -> None:
+    def _put(self, key: str | None, header: dict[str, Any], sections: dict[str, bytes], *,
+             counted: bool = True) -> None:
         if key is None:
             return
         blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
@@ -994,10 +1027,13 @@ class _Miss:
             write = getattr(self.store, "replace", write)
         try:
             write(key, blob)
+        except RemoteSkipped:
+            return  # (a remote-only store skipped since its fault, warned about then)
         except (OSError, StoreError) as e:
             self._store_fault("write to", e)
             return
-        _stats.bump(stores_written=1)
+        if counted:
+            _stats.bump(stores_written=1)
         if header.get("kind") == "executable":
             self.entries.append((self.store, key))
 

@@ -48,7 +48,15 @@ from ._config import get_config
 from ._entry import FORMAT_VERSION, decode, encode
 from ._errors import EntryError, KilnError, StoreError, UnverifiableEntry
 from ._key import machine, make_key
-from .stores import Held, Leasable, await_or_lease, open_store, reporting, store_fault
+from .stores import (
+    Held,
+    Leasable,
+    RemoteSkipped,
+    await_or_lease,
+    open_store,
+    reporting,
+    store_fault,
+)
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -290,6 +298,8 @@ def _write(jax_key: str, value: bytes) -> None:
     write = getattr(store, "replace", store.put) if replace else store.put
     try:
         write(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
+    except RemoteSkipped:
+        return  # (a remote-only store skipped since its fault, warned about then)
     except (OSError, StoreError) as e:
         store_fault(store, "write to", e, strict=cfg.strict)
         return

@@ -18,6 +18,8 @@ from ._faults import reporting as reporting
 from ._faults import store_fault as store_fault
 from ._faults import user_stacklevel as user_stacklevel
 from ._layered import LayeredStore as LayeredStore
+from ._layered import RemoteSkipped as RemoteSkipped
+from ._layered import wait_for_uploads as wait_for_uploads
 from ._lease import Flight as Flight
 from ._lease import Held as Held
 from ._lease import await_or_lease as await_or_lease
@@ -26,8 +28,8 @@ from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
 __all__ = ["EntryStat", "Flight", "Held", "LayeredStore", "Leasable", "Lease", "LocalStore",
-           "MemoryStore", "NullStore", "Store", "await_or_lease", "open_store", "reporting",
-           "store_fault", "user_stacklevel"]
+           "MemoryStore", "NullStore", "RemoteSkipped", "Store", "await_or_lease", "open_store",
+           "reporting", "store_fault", "user_stacklevel", "wait_for_uploads"]
 
 _cache: dict[tuple[Any, ...], Store] = {}
 _lock = threading.Lock()

@@ -174,7 +174,7 @@ class FsspecStore:
     """
 
     def __init__(
-        self, url: str, *, timeout: float = 10.0, connect_timeout: float = 3.0,
+        self, url: str, *, timeout: float = 10.0, connect_timeout: float = 1.0,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = redact_url(url)

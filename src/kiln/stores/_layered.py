@@ -4,9 +4,19 @@ Reads go to the local store first, then the remote; a remote hit is copied into 
 so the next process on this host reads it from disk. Writes go to both (``remote_mode``
 ``"read-only"``: the local one only). ``remote_mode="remote-only"``: no local store.
 
+Writes are write-behind (issue 24): the entry goes to the local store at once and the caller
+goes on (its first result never waits for an upload); one daemon thread per store uploads, in
+order. The remote lease on the key (single flight across hosts) is given up only when its
+upload has landed, so a waiter on another host finds the entry when it is let go. At exit the
+process waits for its pending uploads at most ``_EXIT_WAIT`` seconds, then warns and leaves
+them (they stay in the local store). ``remote_mode="remote-only"`` writes at once (there is no
+local store to serve the entry meanwhile).
+
 Faults (sccache's and ccache's lesson: a cache that is down must cost one timeout, not one per
-call): every remote operation runs on a daemon thread and is waited for at most
-``remote_timeout`` seconds (the backends' own socket timeouts end the thread soon after). The
+call): the backends wait at most ``remote_timeout`` seconds (default 0.8) for each answer (a
+socket read: a large entry streaming in is not cut off, a server that stops answering is), and
+every remote operation runs on a daemon thread waited for at most ``remote_timeout`` + 1
+seconds, plus one second per MiB it sends (reads: ``_READ_BOUND`` at least). The
 first failure (down, hung, rate-limited: any exception) gives one :class:`kiln.StoreWarning`,
 is counted in ``kiln.stats().remote_timeouts`` or ``remote_errors``, and the remote store is
 skipped for the rest of the process: the local store and the compiler go on, and results stay
@@ -21,20 +31,34 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import logging
+import queue
 import threading
+import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import _stats
-from .._errors import StoreError
+from .._errors import StoreError, StoreWarning
 from ._base import EntryStat, Leasable, Lease, Store
 from ._faults import store_fault
 
-__all__ = ["LayeredStore"]
+__all__ = ["LayeredStore", "RemoteSkipped", "wait_for_uploads"]
+
+logger = logging.getLogger("kiln")
 
 T = TypeVar("T")
 _MIN_RATE = 1024 * 1024  # bytes per second an upload may take beyond the timeout
+_READ_BOUND = 10.0  # seconds a whole read may take (the backends' per-answer timeouts end a
+# hung one in remote_timeout; this catches a backend without them)
+_EXIT_WAIT = 10.0  # seconds a process waits at exit for its pending uploads
+
+
+class RemoteSkipped(StoreError):
+    """Nothing was written: the store has no local part and its remote one is skipped (it
+    failed earlier in this process, and was warned about then)."""
 # a write refused for good (full, read-only, not allowed): stop writing, keep reading
 _REFUSED_WRITES = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 _SKIPPED: Any = object()  # the remote store was skipped (dead, or the operation failed)
@@ -93,6 +117,15 @@ class LayeredStore:
         self.dead: BaseException | None = None  # the fault that took the remote store out
         self.unwritable: BaseException | None = None  # a refused write: reads go on
         self._counted = _stats.stats().as_dict()  # counters already recorded (see counts)
+        # write-behind: uploads waiting for the uploader thread, by key; lease releases
+        # waiting for a key's upload to land
+        self._uploads: queue.Queue[tuple[str, Callable[..., Any], bytes]] = queue.Queue()
+        self._pending: dict[str, int] = {}  # key -> uploads of it queued or running
+        self._after: dict[str, list[Callable[[], None]]] = {}
+        self._plock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._uploader: threading.Thread | None = None
         _layered.add(self)
 
     # -- the remote side, bounded -------------------------------------------------------------
@@ -104,8 +137,11 @@ class LayeredStore:
         # the backend's own timeouts fire first; this bound catches what they miss (an upload
         # gets a second more per MiB, as the fsspec store's own deadline does)
         size = sum(len(a) for a in args if isinstance(a, bytes | bytearray | memoryview))
+        bound = self.timeout + 1.0 + size / _MIN_RATE
+        if not write:
+            bound = max(bound, _READ_BOUND)  # (a read's size is not known before it is read)
         try:
-            return _call_bounded(fn, args, self.timeout + 1.0 + size / _MIN_RATE)
+            return _call_bounded(fn, args, bound)
         except Exception as e:  # noqa: BLE001 - any failure of a cache must not stop the program
             self._fault(doing, e, write=write)
             return _SKIPPED  # type: ignore[no-any-return]
@@ -170,10 +206,87 @@ class LayeredStore:
             except (OSError, StoreError) as e:
                 local_error = e
         if not self.read_only:
-            write = getattr(self.remote, "replace", None) if replace else None
-            self._remote("write to", write or self.remote.put, key, data, write=True)
+            write = (getattr(self.remote, "replace", None) if replace else None) or self.remote.put
+            if self.local is None or local_error is not None:
+                # nothing local serves the entry meanwhile: upload now
+                if self._remote("write to", write, key, data, write=True) is _SKIPPED:
+                    raise RemoteSkipped(f"entry {key[:12]} not written: {self.url} is skipped")
+                return
+            self._upload_later(key, write, data)
+        elif self.local is None:
+            raise RemoteSkipped(f"entry {key[:12]} not written: {self.url} is read-only here")
         if local_error is not None:
             raise local_error
+
+    # -- write-behind -------------------------------------------------------------------------
+    def _upload_later(self, key: str, write: Callable[..., Any], data: bytes) -> None:
+        if self.dead is not None or self.unwritable is not None:
+            return
+        with self._plock:
+            self._pending[key] = self._pending.get(key, 0) + 1
+            self._idle.clear()
+            self._uploads.put((key, write, data))
+            thread = None
+            if self._uploader is None or not self._uploader.is_alive():
+                thread = self._uploader = threading.Thread(
+                    target=self._upload_loop, daemon=True, name="kiln-upload")
+        if thread is None:
+            return
+        try:
+            thread.start()
+        except RuntimeError:  # at interpreter exit (no new threads): upload here, now
+            while True:
+                try:
+                    item = self._uploads.get_nowait()
+                except queue.Empty:
+                    return
+                self._upload(*item)
+
+    def _upload_loop(self) -> None:
+        while True:
+            try:
+                key, write, data = self._uploads.get(timeout=30.0)
+            except queue.Empty:
+                with self._plock:  # (nothing queued since: this thread ends)
+                    if self._uploads.empty():
+                        self._uploader = None
+                        return
+                continue
+            self._upload(key, write, data)
+
+    def _upload(self, key: str, write: Callable[..., Any], data: bytes) -> None:
+        try:
+            self._remote("write to", write, key, data, write=True)
+        finally:
+            with self._plock:
+                left = self._pending.get(key, 1) - 1
+                if left > 0:
+                    self._pending[key] = left
+                    after: list[Callable[[], None]] = []
+                else:
+                    self._pending.pop(key, None)
+                    after = self._after.pop(key, [])
+                if not self._pending:
+                    self._idle.set()
+            for release in after:
+                with contextlib.suppress(Exception):
+                    release()
+
+    def _release_after_upload(self, key: str, release: Callable[[], None]) -> bool:
+        """Run ``release`` once ``key``'s pending upload has landed; False (nothing done)
+        when none is pending."""
+        with self._plock:
+            if key not in self._pending:
+                return False
+            self._after.setdefault(key, []).append(release)
+            return True
+
+    def wait_for_uploads(self, timeout: float) -> int:
+        """Wait at most ``timeout`` seconds for the pending uploads to land; returns how many
+        are still pending."""
+        self._idle.wait(timeout)
+        with self._plock:
+            return sum(self._pending.values())
 
     def delete(self, key: str) -> bool:
         existed = bool(self.local.delete(key)) if self.local is not None else False
@@ -218,7 +331,7 @@ class LayeredStore:
         for a read-only worker (it writes nothing to the remote store, leases included)."""
         local = self.local.lease(key, seconds) if isinstance(self.local, Leasable) else None
         remote = self.remote.lease(key, seconds) if isinstance(self.remote, Leasable) else None
-        return _LayeredLease(self, remote, local)
+        return _LayeredLease(self, key, remote, local)
 
 
     # -- counters of the fleet -----------------------------------------------------------------
@@ -254,11 +367,39 @@ def _record_all_counts() -> None:
             store.record_counts()
 
 
+def wait_for_uploads(timeout: float = _EXIT_WAIT) -> int:
+    """Wait at most ``timeout`` seconds for this process's pending uploads to shared stores
+    (write-behind) to land; returns how many are still pending (0: all landed). A process
+    waits for them at exit anyway (at most 10 s); call this where another host must find an
+    entry sooner, e.g. before handing work to it."""
+    deadline = time.monotonic() + timeout
+    left = 0
+    for store in list(_layered):
+        left += store.wait_for_uploads(max(0.0, deadline - time.monotonic()))
+    return left
+
+
+@atexit.register  # (registered last: runs first, before the counters are recorded)
+def _wait_for_all_uploads() -> None:
+    deadline = time.monotonic() + _EXIT_WAIT
+    for store in list(_layered):
+        with contextlib.suppress(Exception):
+            left = store.wait_for_uploads(max(0.0, deadline - time.monotonic()))
+            if left:
+                warnings.warn(
+                    f"kiln: {left} entr{'y' if left == 1 else 'ies'} not uploaded to "
+                    f"{store.url} before exit (uploads still running after {_EXIT_WAIT:g} s); "
+                    "they stay in the local store, and the next process here uploads none of "
+                    "them: another host compiles them once", StoreWarning, stacklevel=1)
+
+
 class _LayeredLease:
     """The remote lease while the remote store answers, else the local one."""
 
-    def __init__(self, store: LayeredStore, remote: Lease | None, local: Lease | None) -> None:
-        self._store, self._remote, self._local = store, remote, local
+    def __init__(
+        self, store: LayeredStore, key: str, remote: Lease | None, local: Lease | None
+    ) -> None:
+        self._store, self._key, self._remote, self._local = store, key, remote, local
         self._held: Lease | None = None
 
     def _current(self) -> Lease | None:
@@ -296,7 +437,15 @@ class _LayeredLease:
         if lease is None:
             return
         if lease is self._remote:
-            self._store._remote("release a lease in", lease.release, write=True)
+            store = self._store
+
+            def release() -> None:
+                store._remote("release a lease in", lease.release, write=True)
+
+            # the entry is still on its way to the remote store: other hosts keep waiting
+            # for it until it lands (the uploader releases the lease then)
+            if not store._release_after_upload(self._key, release):
+                release()
         else:
             with contextlib.suppress(OSError):
                 lease.release()
