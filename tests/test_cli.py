@@ -172,6 +172,59 @@ def test_ls_table(
         assert line == line.rstrip()
 
 
+def _step(params: Any) -> Any:
+    return [p * 2 for p in params]
+
+
+def test_ls_cuts_a_long_signature_to_the_terminal(
+    store_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training step with 80 leaves (issue 24): its SIGNATURE column fits a 120-column
+    terminal, with the count of leaves; ``-v`` and ``--json`` give it whole."""
+
+    kiln.jit(_step)([jnp.ones((i % 7 + 1, 3)) for i in range(80)])
+    (row,) = _ls_json(capsys)
+    assert row["signature"].count("float32[") == 80 and len(row["signature"]) > 800
+    monkeypatch.setenv("COLUMNS", "120")
+    code, out, _ = _run(["ls"], capsys)
+    assert code == 0
+    line = out.splitlines()[1]
+    assert len(line) <= 120, line
+    shown = re.split(r"\s{2,}", line.strip())[1]
+    assert shown.endswith(", ... (80 leaves)") and shown.startswith("float32[1, 3], ")
+    code, out, _ = _run(["ls", "-v"], capsys)
+    assert row["signature"] in out
+
+
+def test_cli_warnings_read_as_the_cli_s_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kiln's warnings in a CLI run are ``kiln: warning: <text>`` on stderr, not Python's
+    ``<file>:<line>: StoreWarning: kiln: ...`` (issue 24)."""
+    import warnings
+
+    from kiln._errors import StoreWarning
+
+    def warn(args: Any) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # (this suite turns warnings into errors)
+            warnings.warn("kiln: store /x is full; entries compiled here are not stored",
+                          StoreWarning, stacklevel=1)
+            warnings.warn("a user's own warning", UserWarning, stacklevel=1)
+        return 0
+
+    parser_func = _cli._cmd_stats
+    try:
+        _cli._cmd_stats = warn  # the verb's function, as argparse calls it
+        code, _, err = _run(["--cache-dir", str(tmp_path / "s"), "stats"], capsys)
+    finally:
+        _cli._cmd_stats = parser_func
+    assert code == 0
+    assert "kiln: warning: store /x is full; entries compiled here are not stored\n" in err
+    assert "StoreWarning" not in err
+    assert "kiln: warning: a user's own warning" not in err  # not kiln's: left to Python
+
+
 def _vf(y: Any) -> Any:
     return y * 0.5
 

@@ -26,19 +26,21 @@ import json
 import logging
 import os
 import runpy
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import _config, _jax_cache, _stats
-from ._errors import KilnError, UnverifiableEntry
+from ._errors import KilnError, KilnWarning, UnverifiableEntry
 
 __all__ = ["main"]
 
@@ -102,6 +104,57 @@ def _columns(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
 
 def _entries(n: int) -> str:
     return f"{n} entry" if n == 1 else f"{n} entries"
+
+
+def _show_warning(show: Callable[..., None]) -> Callable[..., None]:
+    """``warnings.showwarning`` for the command line: kiln's own warnings as ``kiln: warning:
+    <text>`` on stderr (not Python's ``<file>:<line>: StoreWarning: kiln: ...``); any other
+    (a script's under ``kiln run``) as Python shows it."""
+
+    def showwarning(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, file: Any = None, line: str | None = None) -> None:
+        if not issubclass(category, KilnWarning):
+            show(message, category, filename, lineno, file, line)
+            return
+        text = str(message)
+        _note("kiln: warning: " + (text[len("kiln: "):] if text.startswith("kiln: ") else text))
+
+    return showwarning
+
+
+def _fit_signature(signature: str, width: int) -> str:
+    """A signature cut to ``width`` characters at a leaf boundary, with the number of leaves:
+    ``f32[64,64], f32[64], ... (80 leaves)``; whole when it fits (``kiln ls -v`` and
+    ``--json`` always give it whole)."""
+    if len(signature) <= width:
+        return signature
+    leaves = _split_leaves(signature)
+    tail = f", ... ({len(leaves)} leaves)"
+    shown: list[str] = []
+    for leaf in leaves:
+        if len(", ".join([*shown, leaf])) + len(tail) > width and shown:
+            break
+        shown.append(leaf)
+    text = ", ".join(shown)
+    if len(text) + len(tail) > width:  # one leaf alone is wider than the column
+        text = text[: max(1, width - len(tail) - 3)] + "..."
+    return text + tail
+
+
+def _split_leaves(signature: str) -> list[str]:
+    """``"f32[3,4], {a: i32[]}"`` -> its top-level comma-separated parts (commas inside
+    brackets and braces are not separators)."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(signature):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(signature[start:i].strip())
+            start = i + 1
+    parts.append(signature[start:].strip())
+    return [p for p in parts if p]
 
 
 def _say(line: str = "") -> None:
@@ -288,6 +341,13 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             *((r.machine or "-",) if machines else ()),
             *((_noinline_text(r),) if noinline else ()),
         ))
+    if not args.verbose:
+        # the SIGNATURE column fits the terminal (a training step's ~80 leaves are thousands
+        # of characters): what the other columns leave (NOINLINE, last, may run over), >= 40
+        others = sum(max(len(t[i]) for t in table) + 2  # (header: without NOINLINE)
+                     for i in range(len(header)) if i != 1)
+        room = max(40, shutil.get_terminal_size((160, 24)).columns - others)
+        table = [table[0]] + [(t[0], _fit_signature(t[1], room), *t[2:]) for t in table[1:]]
     right = ((False, False, True, True, True, True, False) + ((False,) if machines else ())
              + ((False,) if noinline else ()))
     for line in _columns(table, right=right):
@@ -872,6 +932,8 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", parents=common, help="list the entries of the store",
                         description="One row per entry; reads headers only.")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument("-v", "--verbose", action="store_true",
+                    help="whole signatures (by default cut to fit the terminal)")
     ls.add_argument("--machine", metavar="KIND",
                     help="only entries compiled for machine kinds containing KIND (as 'kiln "
                          "stats' lists them: 'x86_64 avx512 3f9c2a1b', or a part: 'avx2')")
@@ -958,7 +1020,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else 2
     try:
-        with _configured(cache_dir=args.cache_dir, store=args.store):
+        with _configured(cache_dir=args.cache_dir, store=args.store), \
+                warnings.catch_warnings():
+            warnings.showwarning = _show_warning(warnings.showwarning)
             return int(args.func(args))
     except _Failure as e:
         _note(f"error: {e}")
