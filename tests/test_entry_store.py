@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,30 @@ def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(
     assert store.total_size() == 300  # the read wrote its row again
     assert store.prune(10**9) == []
     assert store.total_size() == 700  # prune reconciled the last one
+
+
+def test_lease_files_are_removed_by_prune_and_clear_but_never_a_held_one(tmp_path: Path) -> None:
+    """One lock file per key ever compiled used to stay forever (issue 24)."""
+    from kiln.stores._local import _LEASE_MIN_AGE
+
+    store = LocalStore(tmp_path / "s")
+    for i in (1, 2, 3):
+        lease = store.lease(_key(i), 30)
+        assert lease.acquire()
+        store.put(_key(i), b"x")
+        lease.release()
+    held = store.lease(_key(4), 30)
+    assert held.acquire()  # a compile in progress
+    locks = sorted((tmp_path / "s" / "leases").glob("*/*.lock"))
+    assert len(locks) == 4
+    old = time.time() - _LEASE_MIN_AGE - 5
+    for path in locks:
+        os.utime(path, (old, old))
+    store.prune(10**9)
+    assert [p.stem for p in (tmp_path / "s" / "leases").glob("*/*.lock")] == [_key(4)]
+    lease = store.lease(_key(1), 30)  # taken again after the sweep: works as before
+    assert lease.acquire()
+    lease.release()
+    assert store.delete(_key(1))  # (kiln clear deletes each entry): its lock file goes too
+    assert not (tmp_path / "s" / "leases" / _key(1)[:2] / f"{_key(1)}.lock").exists()
+    held.release()

@@ -541,6 +541,47 @@ def test_cli_verbs_work_on_a_remote_store(
     assert code == 1 and err.startswith("error: ") and "Traceback" not in err
 
 
+def test_verify_lists_and_removes_junk_keys_in_redis(redis_url, capsys, monkeypatch):
+    """A key under kiln's prefix that is no entry (``kiln:v4:entry:NOTHEX``, a key of an
+    unknown kind) is listed by ``kiln verify`` (exit 1) and removed by ``--delete-bad``; the
+    counters and entries are left alone (issue 24)."""
+    import redis
+
+    from kiln._entry import FORMAT_VERSION
+
+    monkeypatch.setenv("KILN_SIGNING_KEY", "k")
+    with kiln.config_context(store=redis_url, signing_key="k", remote_mode="remote-only"):
+        _run(jnp.arange(3.0))
+    prefix = f"kiln:v{FORMAT_VERSION}:"
+    client = redis.Redis.from_url(redis_url)
+    client.set(f"{prefix}entry:NOTHEX", b"junk")
+    client.set(f"{prefix}whatever", b"junk")
+    client.hset(f"{prefix}counters", "hits", 1)
+    try:
+        code, out, _ = _cli(["verify", "--store", redis_url], capsys)
+        assert code == 1
+        assert f"BAD {prefix}entry:NOTHEX" in out and f"BAD {prefix}whatever" in out
+        code, out, _ = _cli(["verify", "--delete-bad", "--store", redis_url], capsys)
+        assert code == 1  # (what it found; removed now)
+        assert client.get(f"{prefix}entry:NOTHEX") is None and client.get(f"{prefix}whatever") is None
+        assert client.hget(f"{prefix}counters", "hits") == b"1"
+        code, out, _ = _cli(["verify", "--store", redis_url], capsys)
+        assert code == 0 and "1 entry: 1 ok, 0 bad" in out
+    finally:
+        client.close()
+
+
+def test_a_bucket_that_does_not_exist_is_an_error_not_an_empty_store(s3_url, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setenv("KILN_SIGNING_KEY", "k")
+    bucket = "kiln-no-such-bucket"
+    code, out, err = _cli(["ls", "--store", f"s3://{bucket}/p"], capsys)
+    assert code == 1 and out == ""
+    assert f"bucket {bucket!r} does not exist" in err and "no entries" not in err
+    code, out, err = _cli(["ls", "--store", s3_url], capsys)  # the bucket exists: empty
+    assert code == 0 and "no entries" in err
+
+
 def test_the_jax_cache_route_logs_shared_store_problems_never_warns(servers, tmp_path, caplog):
     """Inside JAX's cache a warning made an error by the user's filters would fail the call:
     the route logs (an unsigned shared store; a store that is down) instead."""

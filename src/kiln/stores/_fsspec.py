@@ -71,6 +71,7 @@ _HEADER_READ = 1 << 16  # bytes read for a header before falling back to the who
 _USED_EVERY = 3600.0  # seconds between two used-marker writes of one key by one process
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # protocol -> jax-kiln extra
 # object stores: no folders to make (and s3fs's makedirs would create a missing bucket)
+_BUCKETS = {"s3", "s3a", "gs", "gcs"}  # the URL's first part is a bucket that must exist
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"}
 _monotonic = time.monotonic  # the leases' clock (tests replace it)
 _MIN_RATE = 1 << 20  # bytes per second: a write slower than this counts as hung
@@ -222,6 +223,7 @@ class FsspecStore:
                              f"({e})") from None
         self.connect_timeout = connect_timeout
         self._has_folders = not _OBJECT_STORES.intersection(protocols)
+        self._has_buckets = bool(_BUCKETS.intersection(protocols))
         # fsspec's sync wrapper of an async file system takes a deadline (``timeout=``)
         self._deadlines = bool(getattr(self._fs, "async_impl", False))
         if isinstance(getattr(self._fs, "retries", None), int):
@@ -258,6 +260,23 @@ class FsspecStore:
                 raise
             raise OSError(errno.EIO, f"{doing} store {self.url}: {type(e).__name__}: "
                           f"{e}") from e
+
+    def check(self) -> None:
+        """Raise :class:`kiln.StoreError` when the URL's bucket does not exist (S3, GCS): a
+        listing of it would otherwise read as an empty store (``kiln ls`` said "no entries").
+
+        Raises:
+            StoreError: the bucket does not exist.
+            OSError: the store did not answer.
+        """
+        if not self._has_buckets:
+            return
+        bucket = self._base.split("/", 1)[0]
+        with self._errors("read from"):
+            exists = self._fs.exists(bucket)
+        if not exists:
+            raise StoreError(f"kiln store {self.url!r}: bucket {bucket!r} does not exist (create "
+                             "it, or fix the URL in --store / KILN_STORE)")
 
     def _entry(self, key: str) -> str:
         if not _looks_like_key(key):

@@ -70,6 +70,7 @@ _HEADER_READ = 1 << 16
 
 
 _TEMP_MAX_AGE = 3600.0  # seconds: no write of one entry takes this long
+_LEASE_MIN_AGE = 60.0  # seconds: prune leaves a newer lease file (about to be locked)
 _HOST = socket.gethostname().replace(".", "_")[:32] or "host"
 
 
@@ -417,6 +418,7 @@ class LocalStore:
             path.unlink()
         except FileNotFoundError:
             existed = False
+        self._sweep_leases(0.0, key)  # (kiln clear: no lock file left behind)
         with self._lock, _index_errors(self.root / "index.sqlite"):
             self._touched.pop(key, None)
             if key in self._written:
@@ -541,12 +543,42 @@ class LocalStore:
             for sub in self._entries.iterdir():
                 if sub.is_dir() and not sub.is_symlink():
                     _sweep_temp_files(sub)
+        if not dry_run:
+            self._sweep_leases(_LEASE_MIN_AGE)
         with self._lock, _index_errors(self.root / "index.sqlite"):
             self._conn()
             self._record_touched_locked()
             if not dry_run:
                 self._reconcile_locked()
             return self._evict_locked(max_size, keep=None, dry_run=dry_run)
+
+    def _sweep_leases(self, min_age: float, key: str | None = None) -> int:
+        """Remove lease files (``leases/xx/<key>.lock``, one per key ever compiled) that no
+        process holds and that are at least ``min_age`` seconds old; only ``key``'s when
+        given. A held one is left (its compile is running). Returns how many were removed."""
+        folder = self.root / "leases"
+        paths = ([folder / key[:2] / f"{key}.lock"] if key is not None
+                 else folder.glob("*/*.lock") if folder.is_dir() else [])
+        now, removed = time.time(), 0
+        for path in paths:
+            try:
+                if now - path.lstat().st_mtime < min_age:
+                    continue
+            except OSError:
+                continue
+            lock = filelock.FileLock(path, timeout=0, thread_local=False)
+            try:
+                lock.acquire()
+            except (filelock.Timeout, OSError):
+                continue  # held: a compile is running
+            try:
+                path.unlink()
+                removed += 1
+            except OSError:
+                pass
+            finally:
+                lock.release()
+        return removed
 
     def _reconcile_locked(self) -> None:
         """Index rows for entry files that have none (rows lost to a crash before they were

@@ -54,6 +54,14 @@ def _looks_like_key(name: str) -> bool:
     return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
 
 
+class RedisStray(str):
+    """A Redis key under the store's prefix that is not an entry, the counters or a lease
+    (``kiln:v4:entry:NOTHEX``): listed and removed by ``kiln verify`` (issue 24)."""
+
+    def is_dir(self) -> bool:
+        return False
+
+
 def _wrong_type(e: BaseException) -> bool:
     """Redis's reply to a string command on a key of another type (a hash, a list, ...)."""
     return str(e).startswith("WRONGTYPE")
@@ -277,6 +285,33 @@ class RedisStore:
         name = self._entry(key)
         with self._errors("delete from"):
             return bool(self._redis.delete(name))
+
+    def strays(self) -> list[RedisStray]:
+        """Keys under this store's prefix that are not entries (an entry name whose key is not
+        lowercase hex), the counters or leases (``SCAN``)."""
+        entry, lease = f"{self._prefix}entry:", f"{self._prefix}lease:"
+        out = []
+        with self._errors("list"):
+            for raw in self._redis.scan_iter(match=f"{self._prefix}*", count=_BATCH):
+                name = raw.decode("utf-8", "replace")
+                if name == f"{self._prefix}counters" or name.startswith(lease):
+                    continue
+                if name.startswith(entry) and _looks_like_key(name[len(entry):]):
+                    continue
+                out.append(RedisStray(name))
+        return sorted(out)
+
+    def remove_stray(self, path: str) -> None:
+        """Delete one key listed by :meth:`strays`.
+
+        Raises:
+            ValueError: ``path`` is not a key under this store's prefix.
+            OSError: the server failed.
+        """
+        if not str(path).startswith(self._prefix):
+            raise ValueError(f"{path} is not in store {self.url}")
+        with self._errors("delete from"):
+            self._redis.delete(str(path))
 
     def iter(self) -> Iterator[str]:
         """Keys of all entries (``SCAN``; an entry written or evicted meanwhile may or may not
