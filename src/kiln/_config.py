@@ -45,10 +45,11 @@ class Config:
             store, then the remote; a remote hit is copied into the local store; writes go to
             both), ``"remote-only"`` (no local store) or ``"read-only"`` (layered, but never
             writes to the remote: for workers that must not publish entries).
-        remote_timeout: seconds a remote store may take to answer (each answer: a large entry
-            still streaming in is not cut off; connecting: at most 1 s) before it is skipped
-            for the rest of the process. Default 0.8: a hung or dead store costs a process
-            under a second, once (issue 24; Redis answers a read in milliseconds, S3 in tens).
+        remote_timeout: seconds a remote store may take to answer the first contact of a
+            process (connecting: at most 1 s) before it is skipped for the rest of the
+            process; once it has answered, five times that per answer (a large entry streaming
+            in is not cut off). Default 0.8: a hung or dead store costs a process under a
+            second, once (issue 24; Redis answers a read in milliseconds, S3 in tens).
         lease_seconds: single-flight: a process compiling a key holds a lease on it for this
             many seconds, renewed while it compiles; other processes wait for its entry, and
             take over if the lease runs out (its holder died). Default 30.

@@ -17,6 +17,7 @@ from ._faults import reporter
 from ._faults import reporting as reporting
 from ._faults import store_fault as store_fault
 from ._faults import user_stacklevel as user_stacklevel
+from ._layered import ANSWERED_FACTOR
 from ._layered import LayeredStore as LayeredStore
 from ._layered import RemoteSkipped as RemoteSkipped
 from ._layered import wait_for_uploads as wait_for_uploads
@@ -104,7 +105,9 @@ def _open(ident: tuple[Any, ...], scheme: str) -> Store:
         return MemoryStore()
     if kind == "null":
         return NullStore()
-    url, timeout = ident[1], ident[2]
+    # the backends' own per-answer timeout: what a store that has answered may take
+    # (LayeredStore bounds the first contact by remote_timeout itself)
+    url, timeout = ident[1], ident[2] * ANSWERED_FACTOR
     if scheme in _REDIS_SCHEMES:
         from ._redis import RedisStore
 

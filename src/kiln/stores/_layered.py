@@ -13,10 +13,12 @@ them (they stay in the local store). ``remote_mode="remote-only"`` writes at onc
 local store to serve the entry meanwhile).
 
 Faults (sccache's and ccache's lesson: a cache that is down must cost one timeout, not one per
-call): the backends wait at most ``remote_timeout`` seconds (default 0.8) for each answer (a
-socket read: a large entry streaming in is not cut off, a server that stops answering is), and
-every remote operation runs on a daemon thread waited for at most ``remote_timeout`` + 1
-seconds, plus one second per MiB it sends (reads: ``_READ_BOUND`` at least). The
+call): the first contact with the remote store is waited for at most ``remote_timeout`` seconds
+(default 0.8; plus one second per MiB it sends), so a hung or dead store costs a process under
+a second, once. Once the store has answered, it may take ``ANSWERED_FACTOR`` (5) times that
+per answer (the backends' own timeouts: a socket read, so a large entry streaming in is not
+cut off), and each operation, on a daemon thread, ``5 * remote_timeout + 1`` seconds plus one
+second per MiB it sends (reads: ``_READ_BOUND`` at least). The
 first failure (down, hung, rate-limited: any exception) gives one :class:`kiln.StoreWarning`,
 is counted in ``kiln.stats().remote_timeouts`` or ``remote_errors``, and the remote store is
 skipped for the rest of the process: the local store and the compiler go on, and results stay
@@ -52,7 +54,12 @@ logger = logging.getLogger("kiln")
 T = TypeVar("T")
 _MIN_RATE = 1024 * 1024  # bytes per second an upload may take beyond the timeout
 _READ_BOUND = 10.0  # seconds a whole read may take (the backends' per-answer timeouts end a
-# hung one in remote_timeout; this catches a backend without them)
+# hung one sooner; this catches a backend without them)
+# Once a store has answered, it may take this many times ``remote_timeout`` per answer (the
+# backends' own timeout): a hung or dead store is found at the first contact, in
+# remote_timeout; later, a store that answered is more likely busy than hung (a loaded CI
+# machine, a large write), and taking it out costs every later compile a remote miss.
+ANSWERED_FACTOR = 5.0
 _EXIT_WAIT = 10.0  # seconds a process waits at exit for its pending uploads
 
 
@@ -114,6 +121,7 @@ class LayeredStore:
         self.read_only = read_only
         self.timeout = timeout
         self.strict = strict
+        self._answered = False  # the remote store has answered once (see ANSWERED_FACTOR)
         self.dead: BaseException | None = None  # the fault that took the remote store out
         self.unwritable: BaseException | None = None  # a refused write: reads go on
         self._counted = _stats.stats().as_dict()  # counters already recorded (see counts)
@@ -137,14 +145,19 @@ class LayeredStore:
         # the backend's own timeouts fire first; this bound catches what they miss (an upload
         # gets a second more per MiB, as the fsspec store's own deadline does)
         size = sum(len(a) for a in args if isinstance(a, bytes | bytearray | memoryview))
-        bound = self.timeout + 1.0 + size / _MIN_RATE
-        if not write:
-            bound = max(bound, _READ_BOUND)  # (a read's size is not known before it is read)
+        if not self._answered:  # the first contact: a hung or dead store costs remote_timeout
+            bound = self.timeout + size / _MIN_RATE
+        else:
+            bound = self.timeout * ANSWERED_FACTOR + 1.0 + size / _MIN_RATE
+            if not write:
+                bound = max(bound, _READ_BOUND)  # (a read's size is not known before)
         try:
-            return _call_bounded(fn, args, bound)
+            got = _call_bounded(fn, args, bound)
         except Exception as e:  # noqa: BLE001 - any failure of a cache must not stop the program
             self._fault(doing, e, write=write)
             return _SKIPPED  # type: ignore[no-any-return]
+        self._answered = True
+        return got
 
     def _fault(self, doing: str, e: BaseException, *, write: bool) -> None:
         _stats.bump(**{"remote_timeouts" if isinstance(e, TimeoutError) else "remote_errors": 1})
