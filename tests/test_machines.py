@@ -197,7 +197,7 @@ def test_ls_and_stats_show_the_machine_kinds_a_store_serves(
 
 
 def test_an_entry_the_loader_rejects_is_a_bad_entry_compiled_again(
-    kiln_store: Path, monkeypatch: pytest.MonkeyPatch
+    kiln_store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """As XLA:CPU's loader does with an executable of another machine type (jax-ml/jax
     #38445): the entry is not used, the reason is said, the function compiles here and the
@@ -218,11 +218,15 @@ def test_an_entry_the_loader_rejects_is_a_bad_entry_compiled_again(
     warm = kiln.jit(f)
     warm.clear_cache()
     kiln.reset_stats()
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m, kiln.config_context(explain=True), \
+            caplog.at_level("WARNING", logger="kiln"):
         m.setattr(_compile._jax_compat, "load_compiled", reject)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got = warm(jnp.arange(3.0)).tolist()
+    # KILN_EXPLAIN says it too, with the loader's reason
+    assert any("could not be loaded" in r.getMessage() and "Machine type used for XLA:CPU"
+               in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert got == want
     s = kiln.stats()
     assert (s.bad_entries, s.hits, s.compiles, s.stores_written) == (1, 0, 1, 1)

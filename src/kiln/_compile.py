@@ -485,6 +485,7 @@ class _Miss:
         if self._quiet:
             return
         _stats.bump(bad_entries=1)
+        self._explain("bad-entry", f"{message.removeprefix('kiln: ')}; {then}")
         self._warn(message, then)
 
     def _store_fault(self, doing: str, e: BaseException) -> None:
