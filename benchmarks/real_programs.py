@@ -136,8 +136,11 @@ def measure(name: str, reps: int, tmp: Path) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def start(doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The options of a benchmark over :data:`PROGRAMS` (``--reps``, ``--programs``,
+    ``--json``) and the program names, checked; prints the command line and compiles kiln's
+    bytecode, as every run starts."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--json", type=Path)
@@ -148,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in PROGRAMS]
     if unknown:
         parser.error(f"--programs: unknown {unknown}; known: {', '.join(PROGRAMS)}")
+    return args, names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, names = start(__doc__, argv)
     report: dict[str, Any] = {}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,6 @@ The rest of ``wall`` is the program's own work (data, training steps) and the in
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
@@ -37,8 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _installed import compile_bytecode
-from real_programs import PROGRAMS, _base_env
+from real_programs import PROGRAMS, _base_env, start
 
 WRAPPER = r'''
 import time
@@ -101,17 +99,7 @@ def measure(name: str, reps: int, tmp: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
-    compile_bytecode()
-    names = [n for n in args.programs.split(",") if n]
-    unknown = [n for n in names if n not in PROGRAMS]
-    if unknown:
-        parser.error(f"--programs: unknown {unknown}; known: {', '.join(PROGRAMS)}")
+    args, names = start(__doc__, argv)
     report: dict[str, Any] = {}
     print("| program | wall | import libs | import kiln | fingerprint | read | load | "
           "route read (n) | route load | kiln share | compiles |")
