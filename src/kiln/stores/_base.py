@@ -68,7 +68,13 @@ class Store(Protocol):
 class Lease(Protocol):
     """A time-limited claim on one key, so that one process compiles it while others wait
     (single-flight; see :meth:`Leasable.lease`). Methods never block for long and raise
-    ``OSError`` when the store fails (callers then compile without the lease)."""
+    ``OSError`` when the store fails (callers then compile without the lease).
+
+    ``expires``: the lease runs out unless renewed (a Redis or object-store lease); False for
+    one that lasts while its holder lives (an OS file lock): nothing renews it."""
+
+    @property
+    def expires(self) -> bool: ...
 
     def acquire(self) -> bool:
         """Take the lease if nobody holds it, or if its holder's lease ran out (the holder died:

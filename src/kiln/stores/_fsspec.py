@@ -511,6 +511,7 @@ class FsspecStore:
 
 
 class _ObjectLease:
+
     """A :class:`kiln.stores._base.Lease` as an object holding the holder's token.
 
     ``acquire``: no object -> write one create-only, then read it back (a file system whose
@@ -524,6 +525,8 @@ class _ObjectLease:
     ``renew``: rewrite the object (a new ``seq``, so its content changes) if it still holds our
     token, else ``False``. ``release``: delete it if it still holds our token.
     """
+
+    expires = True  # (taken over when not renewed for its seconds)
 
     def __init__(self, store: FsspecStore, path: str, seconds: float) -> None:
         self._store = store

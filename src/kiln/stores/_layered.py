@@ -409,6 +409,13 @@ def _wait_for_all_uploads() -> None:
 class _LayeredLease:
     """The remote lease while the remote store answers, else the local one."""
 
+    @property
+    def expires(self) -> bool:
+        """Whether the lease in use (the remote one while the remote store answers, else the
+        local one) runs out unless renewed."""
+        lease = self._held or self._current()
+        return lease is not None and lease.expires
+
     def __init__(
         self, store: LayeredStore, key: str, remote: Lease | None, local: Lease | None
     ) -> None:

@@ -83,8 +83,10 @@ class Held:
         self.lease = lease
         self._done = threading.Event()
         self._seconds = seconds
-        self._thread = threading.Thread(target=self._renew, name="kiln-lease", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if lease.expires:  # (an OS file lock lasts while its holder lives: nothing to renew)
+            self._thread = threading.Thread(target=self._renew, name="kiln-lease", daemon=True)
+            self._thread.start()
 
     def _renew(self) -> None:
         while not self._done.wait(self._seconds / 3):
@@ -99,7 +101,7 @@ class Held:
         if self._done.is_set():
             return
         self._done.set()
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         with contextlib.suppress(Exception):
             self.lease.release()

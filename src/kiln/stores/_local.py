@@ -627,7 +627,10 @@ class LocalStore:
 
 class FileLease:
     """A lease held as an OS file lock (``filelock.FileLock``): released by the OS when its
-    holder's process dies (``kill -9``), so a waiter takes over at once."""
+    holder's process dies (``kill -9``), so a waiter takes over at once. It never expires, so
+    nothing renews it (no thread per compile)."""
+
+    expires = False
 
     def __init__(self, path: Path, store: LocalStore) -> None:
         self._path = path
@@ -635,15 +638,25 @@ class FileLease:
         self._lock: filelock.FileLock | None = None
 
     def acquire(self) -> bool:
-        self._store._ensure_dirs()
-        self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = filelock.FileLock(self._path, timeout=0, thread_local=False)
-        try:
-            lock.acquire()
-        except filelock.Timeout:
-            return False
-        self._lock = lock
-        return True
+        folder = self._path.parent
+        for attempt in (1, 2):
+            if folder not in self._store._ready:
+                self._store._ensure_dirs()
+                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._store._ready.add(folder)
+            lock = filelock.FileLock(self._path, timeout=0, thread_local=False)
+            try:
+                lock.acquire()
+            except filelock.Timeout:
+                return False
+            except FileNotFoundError:  # its folder was removed since (kiln clear, by hand)
+                self._store._ready.discard(folder)
+                if attempt == 2:
+                    raise
+                continue
+            self._lock = lock
+            return True
+        return False  # (not reached)
 
     def renew(self) -> bool:
         return self._lock is not None and self._lock.is_locked

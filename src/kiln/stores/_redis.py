@@ -415,8 +415,11 @@ def _batched(items: Iterator[tuple[str, bytes]]) -> Iterator[list[tuple[str, byt
 
 
 class _RedisLease:
+
     """A :class:`kiln.stores._base.Lease` on a redis-py lock (expiry in the server: a holder
     that dies stops renewing and the key expires ``seconds`` later)."""
+
+    expires = True  # (a key with a time to live, renewed while held)
 
     def __init__(self, store: RedisStore, lock: Any) -> None:
         self._store = store
