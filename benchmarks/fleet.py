@@ -648,8 +648,9 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], bo
             r_get = sm[kname]["get_us_mean"] / sm[j]["get_us_mean"]
             out[f"kiln / {j}"] = {"put": r_put, "get": r_get}
             print(f"kiln / {j}: put {r_put:.3g}x, get {r_get:.3g}x")
-        print("(kiln's put fsyncs each entry and commits its SQLite index; JAX's writes the file "
-              "without fsync. The evicting JAX cache scans the whole directory on every put.)")
+        print("(kiln's put writes the entry's file and records its index row with the next "
+              "batch (issue 24); JAX's writes the file. The evicting JAX cache scans the whole "
+              "directory on every put.)")
     if params:
         same = len({json.dumps(p, sort_keys=True) for p in params}) == 1
         res["params_identical"] = same
