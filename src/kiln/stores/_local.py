@@ -3,8 +3,10 @@
 Layout under ``root``::
 
     entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._entry for its bytes)
-    leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
-                                    that key (``filelock``; the OS frees it when the holder dies)
+    leases/<key>.lock               single-flight: an OS file lock held while a process compiles
+                                    that key (``filelock``; the OS frees it when the holder dies);
+                                    one folder (made once per process), removed by prune / clear
+                                    when nobody holds them
     index.sqlite                    key, size, created, last_used: for LRU eviction without
                                     scanning the directory on every write; and the counters of
                                     processes that used a shared store behind this one
@@ -220,12 +222,17 @@ class LocalStore:
         self._check_private()
 
     def _ensure_dirs(self) -> None:
+        """Make the store's root and ``entries/`` (0700) where missing; checked once per
+        process while they stay (a write that finds a folder gone clears ``_ready``)."""
+        if self.root in self._ready:
+            return
         self._check_private()
         for d in (self.root, self._entries):
             if not d.is_dir():
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
                 os.chmod(d, 0o700)
         self._check_private()
+        self._ready.add(self.root)
 
     def _conn(self) -> sqlite3.Connection:
         path = self.root / "index.sqlite"
@@ -235,6 +242,7 @@ class LocalStore:
                 self._db.close()
             self._db = None
         if self._db is None:
+            self._ready.clear()  # (the store may have been removed: check and make it again)
             self._ensure_dirs()
             with _index_errors(path):
                 self._db = self._connect(path)
@@ -363,7 +371,7 @@ class LocalStore:
         try:
             self._write_file(path, data)
         except FileNotFoundError:  # its folder was removed since (kiln clear, by hand)
-            self._ready.discard(path.parent)
+            self._ready.clear()
             self._write_file(path, data)
         now = time.time()
         with self._lock, _index_errors(self.root / "index.sqlite"):
@@ -409,7 +417,7 @@ class LocalStore:
         """An OS file lock on ``key`` (single-flight between processes of this host).
         ``seconds`` is not used: the lock lasts while its holder lives."""
         self._path(key)  # checks the key
-        return FileLease(self.root / "leases" / key[:2] / f"{key}.lock", self)
+        return FileLease(self.root / "leases" / f"{key}.lock", self)
 
     def delete(self, key: str) -> bool:
         path = self._path(key)
@@ -553,12 +561,12 @@ class LocalStore:
             return self._evict_locked(max_size, keep=None, dry_run=dry_run)
 
     def _sweep_leases(self, min_age: float, key: str | None = None) -> int:
-        """Remove lease files (``leases/xx/<key>.lock``, one per key ever compiled) that no
+        """Remove lease files (``leases/<key>.lock``, one per key ever compiled) that no
         process holds and that are at least ``min_age`` seconds old; only ``key``'s when
         given. A held one is left (its compile is running). Returns how many were removed."""
         folder = self.root / "leases"
-        paths = ([folder / key[:2] / f"{key}.lock"] if key is not None
-                 else folder.glob("*/*.lock") if folder.is_dir() else [])
+        paths = ([folder / f"{key}.lock"] if key is not None
+                 else folder.glob("*.lock") if folder.is_dir() else [])
         now, removed = time.time(), 0
         for path in paths:
             try:
@@ -650,7 +658,7 @@ class FileLease:
             except filelock.Timeout:
                 return False
             except FileNotFoundError:  # its folder was removed since (kiln clear, by hand)
-                self._store._ready.discard(folder)
+                self._store._ready.clear()
                 if attempt == 2:
                     raise
                 continue
