@@ -105,16 +105,22 @@ def fleet(request):
     return "redis", request.getfixturevalue("redis_url")
 
 
-@pytest.mark.slow
-def test_single_flight_one_compile_across_processes(xp, tmp_path, fleet):
-    kind, url = fleet
+def _together(xp, tmp_path, source, n, kind, url):
+    """``source`` as ``n`` processes released together through a barrier (each a "host" of
+    ``kind``): the program and the runs, in process order."""
     prog = xp.Program(tmp_path)
-    prog.write("prog.py", SLOW)
-    n = 4
+    prog.write("prog.py", source)
     barrier = tmp_path / "barrier"
     barrier.mkdir()
     procs = [prog.start(str(barrier), str(n), env=_env(kind, url, i)) for i in range(n)]
-    runs = [prog.finish(p, timeout=300) for p in procs]
+    return prog, [prog.finish(p, timeout=300) for p in procs]
+
+
+@pytest.mark.slow
+def test_single_flight_one_compile_across_processes(xp, tmp_path, fleet):
+    kind, url = fleet
+    n = 4
+    prog, runs = _together(xp, tmp_path, SLOW, n, kind, url)
     recs = [r["f"] for r in runs]
     assert sum(r["compiles"] for r in recs) == 1, recs
     assert sum(r["xla_compiles"] for r in recs) == 1, recs
@@ -163,13 +169,8 @@ def test_waiters_on_a_holder_that_cannot_store_compile_at_once_not_in_turn(xp, t
     for its entry compile at once, none of them takes the key over (before: each took it over
     in turn, N compiles in sequence; issue 24)."""
     kind, url = fleet
-    prog = xp.Program(tmp_path)
-    prog.write("prog.py", UNSTORABLE)
     n = 3
-    barrier = tmp_path / "barrier"
-    barrier.mkdir()
-    procs = [prog.start(str(barrier), str(n), env=_env(kind, url, i)) for i in range(n)]
-    runs = [prog.finish(p, timeout=300) for p in procs]
+    prog, runs = _together(xp, tmp_path, UNSTORABLE, n, kind, url)
     recs = [r["f"] for r in runs]
     assert [r["compiles"] for r in recs] == [1] * n, recs  # nothing to load: each compiles
     assert all(r["stores_written"] == 0 for r in recs), recs
