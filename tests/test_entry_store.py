@@ -318,16 +318,16 @@ def test_lease_files_are_removed_by_prune_and_clear_but_never_a_held_one(tmp_pat
         lease.release()
     held = store.lease(_key(4), 30)
     assert held.acquire()  # a compile in progress
-    locks = sorted((tmp_path / "s" / "leases").glob("*.lock"))
+    locks = sorted((tmp_path / "s" / "leases").glob("*/*.lock"))
     assert len(locks) == 4
     old = time.time() - _LEASE_MIN_AGE - 5
     for path in locks:
         os.utime(path, (old, old))
     store.prune(10**9)
-    assert [p.stem for p in (tmp_path / "s" / "leases").glob("*.lock")] == [_key(4)]
+    assert [p.stem for p in (tmp_path / "s" / "leases").glob("*/*.lock")] == [_key(4)]
     lease = store.lease(_key(1), 30)  # taken again after the sweep: works as before
     assert lease.acquire()
     lease.release()
     assert store.delete(_key(1))  # (kiln clear deletes each entry): its lock file goes too
-    assert not (tmp_path / "s" / "leases" / f"{_key(1)}.lock").exists()
+    assert not (tmp_path / "s" / "leases" / _key(1)[:2] / f"{_key(1)}.lock").exists()
     held.release()

@@ -228,6 +228,12 @@ class FsspecStore:
         self._deadlines = bool(getattr(self._fs, "async_impl", False))
         if isinstance(getattr(self._fs, "retries", None), int):
             self._fs.retries = 1  # s3fs, gcsfs: one attempt (a hung store costs one timeout)
+        if "s3" in protocols:
+            # s3fs makes its client (botocore's service model: 0.1-1 s of local work) at the
+            # first request: made here, so a process's first contact with the store, bounded by
+            # remote_timeout, is only the request (a CI run timed the client out at 0.8 s)
+            with contextlib.suppress(Exception):  # (the first request says what is wrong)
+                self._fs.connect()
         self._base = f"{root.rstrip('/')}/v{FORMAT_VERSION}"
         self._used_lock = threading.Lock()
         self._used_at: dict[str, float] = {}  # key -> time.monotonic() of our last marker

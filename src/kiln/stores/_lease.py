@@ -34,12 +34,12 @@ def await_or_lease(
 
     ``look()`` reads the store: ``(True, value)`` another process's result (stop),
     ``(True, None)`` stop and compile here without the lease (an unusable entry), ``(False,
-    None)`` nothing yet. A lease taken at once is returned without a look (the store was
-    read just before); after waiting, the store is looked at again once the lease is taken
-    (the holder may have written and released). Polls every 50 ms growing to 0.5 s (at most a
-    quarter of ``seconds``); gives up after ``wait`` seconds. ``waiting()``: a context
-    entered when the waiting starts (a progress line). Counts ``lease_waits`` and
-    ``lease_takeovers``.
+    None)`` nothing yet. Once the lease is taken the store is looked at again, also when it
+    was taken at once: a holder may have written and let go between the caller's own read and
+    this acquire (4 processes of a job compiled one key twice, 1 run in 3). Polls every 50 ms
+    growing to 0.5 s (at most a quarter of ``seconds``); gives up after ``wait`` seconds.
+    ``waiting()``: a context entered when the waiting starts (a progress line). Counts
+    ``lease_waits`` and ``lease_takeovers``.
 
     Raises:
         OSError, StoreError: the store failed to answer ``acquire`` (callers compile without a
@@ -50,8 +50,6 @@ def await_or_lease(
     with contextlib.ExitStack() as showing:
         while True:
             held = lease.acquire()
-            if held and not waited:
-                return Flight(None, True, False)
             stop, found = look()
             if found is not None:
                 if held:
@@ -59,8 +57,9 @@ def await_or_lease(
                         lease.release()
                 return Flight(found, False, waited)
             if held:
-                _stats.bump(lease_takeovers=1)
-                return Flight(None, True, True)
+                if waited:
+                    _stats.bump(lease_takeovers=1)
+                return Flight(None, True, waited)
             if stop:
                 return Flight(None, False, waited)
             if not waited:

@@ -3,10 +3,11 @@
 Layout under ``root``::
 
     entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._entry for its bytes)
-    leases/<key>.lock               single-flight: an OS file lock held while a process compiles
+    leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
                                     that key (``filelock``; the OS frees it when the holder dies);
-                                    one folder (made once per process), removed by prune / clear
-                                    when nobody holds them
+                                    removed by prune / clear when nobody holds them. (One flat
+                                    folder made 4 processes of a job compile one key twice, 1 run
+                                    in 3: ``filelock`` probes a new folder for flock support.)
     index.sqlite                    key, size, created, last_used: for LRU eviction without
                                     scanning the directory on every write; and the counters of
                                     processes that used a shared store behind this one
@@ -417,7 +418,7 @@ class LocalStore:
         """An OS file lock on ``key`` (single-flight between processes of this host).
         ``seconds`` is not used: the lock lasts while its holder lives."""
         self._path(key)  # checks the key
-        return FileLease(self.root / "leases" / f"{key}.lock", self)
+        return FileLease(self.root / "leases" / key[:2] / f"{key}.lock", self)
 
     def delete(self, key: str) -> bool:
         path = self._path(key)
@@ -561,12 +562,12 @@ class LocalStore:
             return self._evict_locked(max_size, keep=None, dry_run=dry_run)
 
     def _sweep_leases(self, min_age: float, key: str | None = None) -> int:
-        """Remove lease files (``leases/<key>.lock``, one per key ever compiled) that no
+        """Remove lease files (``leases/xx/<key>.lock``, one per key ever compiled) that no
         process holds and that are at least ``min_age`` seconds old; only ``key``'s when
         given. A held one is left (its compile is running). Returns how many were removed."""
         folder = self.root / "leases"
-        paths = ([folder / f"{key}.lock"] if key is not None
-                 else folder.glob("*.lock") if folder.is_dir() else [])
+        paths = ([folder / key[:2] / f"{key}.lock"] if key is not None
+                 else folder.glob("*/*.lock") if folder.is_dir() else [])
         now, removed = time.time(), 0
         for path in paths:
             try:
