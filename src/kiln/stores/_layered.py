@@ -33,7 +33,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import logging
 import queue
 import threading
 import time
@@ -48,8 +47,6 @@ from ._base import EntryStat, Leasable, Lease, Store
 from ._faults import store_fault
 
 __all__ = ["LayeredStore", "RemoteSkipped", "wait_for_uploads"]
-
-logger = logging.getLogger("kiln")
 
 T = TypeVar("T")
 _MIN_RATE = 1024 * 1024  # bytes per second an upload may take beyond the timeout

@@ -5,9 +5,7 @@ Layout under ``root``::
     entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._entry for its bytes)
     leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
                                     that key (``filelock``; the OS frees it when the holder dies);
-                                    removed by prune / clear when nobody holds them. (One flat
-                                    folder made 4 processes of a job compile one key twice, 1 run
-                                    in 3: ``filelock`` probes a new folder for flock support.)
+                                    removed by prune / clear when nobody holds them
     index.sqlite                    key, size, created, last_used: for LRU eviction without
                                     scanning the directory on every write; and the counters of
                                     processes that used a shared store behind this one
@@ -20,9 +18,9 @@ file may be empty or torn, and its digest, checked before any byte is decoded, m
 entry, compiled again and replaced. The index is advisory: it is rebuilt from the directory
 when it is missing or corrupt, a row whose file is gone is dropped, and the rows of reads and
 writes are recorded together, in one transaction at most every ``_TOUCH_EVERY`` seconds, before
-the index is read, and at exit (a put costs a file write, ~0.3 ms, not a SQLite commit: issue
-24). A row lost to a crash before that is written again when the entry is next read, and by
-``kiln prune``. Directories are created 0700 and files 0600: an entry
+the index is read, and at exit (a put costs a file write, not a SQLite commit: issue 24,
+``benchmarks/store_put.py``). A row lost to a crash before that is written again when the
+entry is next read, and by ``kiln prune``. Directories are created 0700 and files 0600: an entry
 holds native code, so the store must be private to its user.
 
 What is trusted: a store directory (or its ``entries/`` folder) that other users can write to,
