@@ -32,6 +32,7 @@ executables itself.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import threading
@@ -197,11 +198,14 @@ def _read(jax_key: str) -> bytes | None:
     cfg = get_config()
     store = open_store(cfg)
     key = store_key(jax_key)
+    if _holds(key):
+        # JAX's put asks ``exists`` before it writes the value this thread compiled under the
+        # key's lease: nobody else wrote it meanwhile (they wait for the lease), and the lease
+        # must stay held until the write, or a waiting process could take it in between, find
+        # nothing, and compile the same program again
+        return None
     value = _read_value(store, key, jax_key, cfg)
-    if value is None and not getattr(_local, "own", False) and not _holds(key):
-        # (JAX's put asks ``exists`` before it writes the value this thread compiled under the
-        # key's lease: the lease must stay held until the write, or a waiting process could take
-        # it in between, find nothing, and compile the same program again)
+    if value is None and not getattr(_local, "own", False):
         value = _await_or_lease(store, key, jax_key, cfg)
     return value
 
@@ -326,14 +330,35 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
         return
     key = _held.item[0]
     delay = max(2.0, duration_secs)
-    timer = threading.Timer(delay, _release_later, (_held.item,))
-    timer.daemon = True
-    timer.start()
+    _release_later(_held.item[1], delay)
     logger.debug("kiln: route lease on %s released within %.1f s", key[:12], delay)
 
 
-def _release_later(item: tuple[str, Held]) -> None:
-    item[1].release()  # idempotent: JAX's write may have released it already
+_due: list[tuple[float, int, Held]] = []  # (monotonic deadline, tie-break, lease): a heap
+_due_changed = threading.Condition()
+_releaser: threading.Thread | None = None
+
+
+def _release_later(held: Held, delay: float) -> None:
+    """Release ``held`` in ``delay`` seconds (idempotent: JAX's write may release it first),
+    on one daemon thread for the process (a ``threading.Timer`` a miss cost a thread start)."""
+    global _releaser
+    with _due_changed:
+        heapq.heappush(_due, (time.monotonic() + delay, id(held), held))
+        if _releaser is None or not _releaser.is_alive():
+            _releaser = threading.Thread(target=_release_due, name="kiln-route-leases",
+                                         daemon=True)
+            _releaser.start()
+        _due_changed.notify()
+
+
+def _release_due() -> None:
+    while True:
+        with _due_changed:
+            while not _due or _due[0][0] > time.monotonic():
+                _due_changed.wait(_due[0][0] - time.monotonic() if _due else None)
+            held = heapq.heappop(_due)[2]
+        held.release()
 
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"

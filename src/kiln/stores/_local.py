@@ -4,7 +4,7 @@ Layout under ``root``::
 
     entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._entry for its bytes)
     leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
-                                    that key (``filelock``; the OS frees it when the holder dies);
+                                    that key (``flock``; the OS frees it when the holder dies);
                                     removed by prune / clear when nobody holds them
     index.sqlite                    key, size, created, last_used: for LRU eviction without
                                     scanning the directory on every write; and the counters of
@@ -55,6 +55,11 @@ from pathlib import Path
 from typing import Any
 
 import filelock
+
+try:
+    import fcntl
+except ImportError:  # (Windows: filelock's own lock)
+    fcntl = None  # type: ignore[assignment]
 
 from .._entry import peek_header
 from .._errors import EntryError, StoreError
@@ -573,10 +578,11 @@ class LocalStore:
                     continue
             except OSError:
                 continue
-            lock = filelock.FileLock(path, timeout=0, thread_local=False)
             try:
-                lock.acquire()
-            except (filelock.Timeout, OSError):
+                lock = _try_lock(path)
+            except OSError:
+                continue
+            if lock is None:
                 continue  # held: a compile is running
             try:
                 path.unlink()
@@ -584,7 +590,7 @@ class LocalStore:
             except OSError:
                 pass
             finally:
-                lock.release()
+                _unlock(lock)
         return removed
 
     def _reconcile_locked(self) -> None:
@@ -633,16 +639,21 @@ class LocalStore:
 
 
 class FileLease:
-    """A lease held as an OS file lock (``filelock.FileLock``): released by the OS when its
-    holder's process dies (``kill -9``), so a waiter takes over at once. It never expires, so
-    nothing renews it (no thread per compile)."""
+    """A lease held as an OS file lock (``flock``, the lock ``filelock`` takes on POSIX):
+    released by the OS when its holder's process dies (``kill -9``), so a waiter takes over at
+    once. It never expires, so nothing renews it (no thread per compile).
+
+    Taken with ``fcntl.flock`` directly where there is one: every miss of the ``kiln://`` route
+    takes a lease, and ``filelock.FileLock`` (4.x: fork tracking, a singleton table, ``realpath``)
+    costs 0.12 ms an acquire and release where the system call costs 0.007 ms (issue 24).
+    ``filelock`` elsewhere (Windows)."""
 
     expires = False
 
     def __init__(self, path: Path, store: LocalStore) -> None:
         self._path = path
         self._store = store
-        self._lock: filelock.FileLock | None = None
+        self._lock: Any = None
 
     def acquire(self) -> bool:
         folder = self._path.parent
@@ -651,24 +662,72 @@ class FileLease:
                 self._store._ensure_dirs()
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._store._ready.add(folder)
-            lock = filelock.FileLock(self._path, timeout=0, thread_local=False)
             try:
-                lock.acquire()
-            except filelock.Timeout:
-                return False
+                self._lock = _try_lock(self._path)
             except FileNotFoundError:  # its folder was removed since (kiln clear, by hand)
                 self._store._ready.clear()
                 if attempt == 2:
                     raise
                 continue
-            self._lock = lock
-            return True
+            return self._lock is not None
         return False  # (not reached)
 
     def renew(self) -> bool:
-        return self._lock is not None and self._lock.is_locked
+        return self._lock is not None
 
     def release(self) -> None:
         lock, self._lock = self._lock, None
         if lock is not None:
-            lock.release()
+            _unlock(lock)
+
+
+def _try_lock(path: Path) -> Any:
+    """An exclusive OS lock on ``path`` (created if absent), taken without waiting: the handle
+    for :func:`_unlock`, or None while another holder has it.
+
+    Raises:
+        OSError: the file cannot be opened (FileNotFoundError: its folder is gone).
+    """
+    if fcntl is None:
+        lock = filelock.FileLock(path, timeout=0, thread_local=False)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            return None
+        return lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    _held_fds.add(fd)
+    return fd
+
+
+def _unlock(lock: Any) -> None:
+    """Give up a lock :func:`_try_lock` took."""
+    if isinstance(lock, int):
+        _held_fds.discard(lock)
+        with contextlib.suppress(OSError):
+            os.close(lock)  # (closing the descriptor drops its flock)
+    else:
+        lock.release()
+
+
+# descriptors of the locks this process holds: a forked child closes its copies, or the lock
+# would last as long as the child (a flock belongs to the open file, shared across fork)
+_held_fds: set[int] = set()
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_held_fds):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
