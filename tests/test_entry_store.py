@@ -306,6 +306,33 @@ def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(
     assert store.total_size() == 700  # prune reconciled the last one
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_keep_its_parent_s_lease(tmp_path: Path) -> None:
+    """A lease is an flock, which belongs to the open file and is shared across fork: a child
+    forked while its parent compiles closes its copy, so the parent's release frees the key."""
+    store = LocalStore(tmp_path / "s")
+    lease = store.lease(_key(1), 30)
+    assert lease.acquire()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: outlives the parent's release
+        os.close(read)
+        os.write(write, b"up")
+        time.sleep(5)
+        os._exit(0)
+    try:
+        os.close(write)
+        assert os.read(read, 2) == b"up"
+        other = store.lease(_key(1), 30)
+        assert other.acquire() is False  # held by the parent
+        lease.release()
+        assert other.acquire() is True  # while the child still lives
+        other.release()
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
 def test_lease_files_are_removed_by_prune_and_clear_but_never_a_held_one(tmp_path: Path) -> None:
     """One lock file per key ever compiled used to stay forever (issue 24)."""
     from kiln.stores._local import _LEASE_MIN_AGE

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -269,6 +271,30 @@ def test_the_route_holds_its_lease_from_the_miss_until_jax_writes(kiln_store):
     assert other.acquire() is True
     other.release()
     assert path.exists() and path.read_bytes() == b"the compiled value"
+
+
+def test_route_leases_are_released_after_the_compile_by_one_thread(kiln_store):
+    """After XLA's compile a route lease is released within max(2 s, compile time) even when
+    JAX never writes the value; one thread of the process does it for every lease (a timer
+    thread per miss cost a thread start on each)."""
+    from kiln.stores import open_store
+
+    leases = []
+    for i in range(3):
+        path = _jax_cache.StorePath(_jax_cache.ROOT) / f"jit_probe{i}-0123456789abcdef-cache"
+        assert path.exists() is False  # a miss: this thread takes the key's lease
+        key, held = _jax_cache._held.item
+        _jax_cache._on_duration(_jax_cache._BACKEND_COMPILE, 0.0)  # XLA compiled; no write
+        leases.append(open_store(kiln.get_config()).lease(key, 30))
+        assert leases[-1].acquire() is False
+        _jax_cache._held.item = None  # (the next miss of this thread)
+    assert [t.name for t in threading.enumerate()].count("kiln-route-leases") == 1
+    deadline = time.monotonic() + 30
+    while not all(lease.acquire() for lease in leases):
+        assert time.monotonic() < deadline, "route leases never released"
+        time.sleep(0.1)
+    for lease in leases:
+        lease.release()
 
 
 def test_enable_and_disable_in_process(kiln_store):
