@@ -10,12 +10,12 @@ Per repetition, fresh processes measure:
 
 - ``gc``: seconds Python's garbage collector runs (``gc.callbacks``) during ``jax.jit(fit)``'s
   trace and lowering, and the objects it frees, under CPython's default thresholds and under
-  kiln's relaxed one (``kiln._gc.THRESHOLD``);
+  kiln's relaxed one (``kiln._base._gc.THRESHOLD``);
 - ``fingerprint``: kiln's static walk of the fit, the first in the process (``fingerprint``);
 - ``serialize``: XLA serializing the fit's compiled executable (``serialize_compiled``);
 - ``jax_put``: what JAX's persistent cache spends serializing and compressing a small program
   (``jax_put``: ``compilation_cache.put_executable_and_time``), the work kiln's own compiles
-  no longer cause (``kiln._jax_compat.no_persistent_cache_writes``).
+  no longer cause (``kiln._base._jax_compat.no_persistent_cache_writes``).
 
 Printed: the median of each over the repetitions.
 """
@@ -37,8 +37,8 @@ from _installed import compile_bytecode
 CHILD = r'''
 import gc, json, sys, time
 import jax, jax.numpy as jnp
-from kiln import _gc, _jax_compat
-from kiln._fingerprint import fingerprint
+from kiln._base import _gc, _jax_compat
+from kiln._keys._fingerprint import fingerprint
 from kiln_demo.lotka_volterra import _build_fit, load_data
 
 what = sys.argv[1]

@@ -18,7 +18,7 @@ Printed: time to first result per mode (median; ratio of medians and median of p
 ratios, the issue's figure); the cold tax as ``median(other kiln) - median(other jax)``
 seconds and as a fraction of ``jax.jit``'s median time to first result; the median per-pair
 difference of each phase (kiln traces and lowers with Python's garbage collector relaxed,
-``kiln/_gc.py``, so its trace phase is shorter than jax.jit's); and the ratio of CPU
+``kiln/_base/_gc.py``, so its trace phase is shorter than jax.jit's); and the ratio of CPU
 seconds (``time.process_time()``, all threads, at the end of the run), which time stolen by other
 work on the machine does not inflate. Target (issue 11): <= 1.05x. The fitted parameters must
 be identical in every run.
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
              for field in ("trace", "lower", "compile", "other_s")}
     print("kiln - jax.jit per pair (median), seconds: " + ", ".join(
         f"{field.removesuffix('_s')} {d:+.3f}" for field, d in diffs.items())
-        + " (kiln traces and lowers with the garbage collector relaxed: kiln/_gc.py)")
+        + " (kiln traces and lowers with the garbage collector relaxed: kiln/_base/_gc.py)")
     same = len({json.dumps(s["params"], sort_keys=True) for m in MODES for s in samples[m]}) == 1
     print(f"fitted parameters identical in every run: {same}")
     if args.json is not None:

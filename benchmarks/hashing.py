@@ -1,4 +1,4 @@
-"""Benchmark kiln._hashing.static_digest.
+"""Benchmark kiln._keys._hashing.static_digest.
 
 Run from the repository root:
 
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kiln._hashing import static_digest
+from kiln._keys._hashing import static_digest
 
 REPEATS = 7
 NBYTES = 64 * 2**20  # 64 MiB

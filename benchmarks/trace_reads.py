@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import optax
 
-    from kiln._reads import ReadRecorder, check_read
+    from kiln._keys._reads import ReadRecorder, check_read
 
     opt = optax.adam(1e-3)
     sizes = [64, 256, 256, 10]

@@ -19,8 +19,8 @@ import pytest
 import kiln
 from kiln import _cli
 from kiln._cli import main
-from kiln._entry import encode
 from kiln.stores import LocalStore
+from kiln.stores._entry import encode
 
 
 def _double(x: Any) -> Any:
@@ -203,7 +203,7 @@ def test_cli_warnings_read_as_the_cli_s_own(
     ``<file>:<line>: StoreWarning: kiln: ...`` (issue 24)."""
     import warnings
 
-    from kiln._errors import StoreWarning
+    from kiln._base._errors import StoreWarning
 
     def warn(args: Any) -> int:
         with warnings.catch_warnings():
@@ -305,7 +305,7 @@ def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "bytes": total,
         "compile_seconds": pytest.approx(seconds, abs=1e-5),
         "functions": {DOUBLE: 2, INC: 1},
-        "machines": {kiln._key.machine(): 3},
+        "machines": {kiln._keys._key.machine(): 3},
         "verify_only_markers": 0,
         "not_stored": {},
         "unreadable": 0,
@@ -321,7 +321,7 @@ def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
         f"size: {_cli._human_size(total)} ({total} bytes)",
         f"compile seconds stored: {data['compile_seconds']:.2f}",
         "machine kinds (entries each):",
-        f"  3  {kiln._key.machine()}",
+        f"  3  {kiln._keys._key.machine()}",
         "functions:",
         f"  2  {DOUBLE}",
         f"  1  {INC}",

@@ -1,4 +1,4 @@
-"""kiln relaxes Python's cyclic garbage collector while it traces and lowers (kiln._gc), and
+"""kiln relaxes Python's cyclic garbage collector while it traces and lowers (kiln._base._gc), and
 puts back exactly what it found."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 import kiln
-from kiln import _gc
+from kiln._base import _gc
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests for kiln._hashing: canonical, cross-process digests of static arguments."""
+"""Tests for kiln._keys._hashing: canonical, cross-process digests of static arguments."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from kiln import _hashing
-from kiln._errors import StaticArgumentError
-from kiln._hashing import Unpersistable, array_digest, static_digest
+from kiln._base._errors import StaticArgumentError
+from kiln._keys import _hashing
+from kiln._keys._hashing import Unpersistable, array_digest, static_digest
 
 
 def d(value: Any) -> str:
@@ -121,7 +121,7 @@ def test_golden_digests_of_mappings_and_shardings() -> None:
 @pytest.mark.slow
 def test_digest_is_stable_across_processes() -> None:
     code = (
-        "from kiln._hashing import static_digest as s;"
+        "from kiln._keys._hashing import static_digest as s;"
         "print(s(('a', frozenset({'x', 'y', 'z'}), {'k': 1.5, 'j': b'b'}), argname='x'))"
     )
     runs = {

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import pytest
 
 import kiln
-from kiln import _jax_cache
-from kiln._entry import decode, encode
+from kiln._travel import _jax_cache
 from kiln.stores import LocalStore
+from kiln.stores._entry import decode, encode
 
 JAX_WRITES_CALLBACKS = jax.__version_info__ >= (0, 11)
 
@@ -67,7 +67,7 @@ SCRIPT = COUNTING + textwrap.dedent('''
     import kiln
     s = kiln.stats()
     out.update(hits=s.jax_cache_hits, misses=s.jax_cache_misses, writes=s.jax_cache_writes,
-               bad=s.bad_entries, routed=kiln._jax_cache.is_enabled(),
+               bad=s.bad_entries, routed=kiln._travel._jax_cache.is_enabled(),
                read_s=s.jax_cache_read_seconds, load_s=s.jax_cache_load_seconds)
     print("RESULT " + json.dumps(out))
 ''')
@@ -190,7 +190,7 @@ def test_kiln_jit_process_routes_jax_cache_by_default_but_not_kiln_s_own_compile
         x = jnp.linspace(0.0, 1.0, 8)   # an eager op: through JAX's cache
         y = fitted(x)
         s = kiln.stats()
-        print("RESULT " + json.dumps({"y": y.tolist(), "routed": kiln._jax_cache.is_enabled(),
+        print("RESULT " + json.dumps({"y": y.tolist(), "routed": kiln._travel._jax_cache.is_enabled(),
                                       "compiles": s.compiles, "hits": s.hits,
                                       "writes": s.jax_cache_writes}))
     '''))
@@ -412,7 +412,7 @@ def test_the_route_is_on_from_import_so_work_before_the_first_kiln_jit_is_cached
     prog.write_text(COUNTING + textwrap.dedent('''
         import kiln
 
-        routed_at_import = kiln._jax_cache.is_enabled()
+        routed_at_import = kiln._travel._jax_cache.is_enabled()
         w = jax.random.normal(jax.random.key(1), (8, 8))   # before any kiln.jit exists
         before = len(compiles)
         f = kiln.jit(lambda x: x * 2)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln._entry import FORMAT_VERSION, MAGIC
+from kiln.stores._entry import FORMAT_VERSION, MAGIC
 
 
 def _entry_files(cache):

@@ -1,5 +1,5 @@
 """kiln's modules in layers without cycles (issue 11): the import-linter contract in
-pyproject.toml holds, and jax's private modules are imported by kiln._jax_compat alone."""
+pyproject.toml holds, and jax's private modules are imported by kiln._base._jax_compat alone."""
 
 from __future__ import annotations
 

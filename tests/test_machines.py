@@ -2,7 +2,7 @@
 compiled for.
 
 XLA:CPU compiles for the host's instruction set; the key's ``machine`` part holds the
-architecture and the instruction-set features (kiln._machine). Two simulated hosts (the
+architecture and the instruction-set features (kiln._keys._machine). Two simulated hosts (the
 detection patched in each process: ``HOST_FEATURES``) on one store, local or Redis, get
 different keys and never replace each other's entries; processes of one kind share theirs.
 A loaded entry the loader rejects is a bad entry with the loader's reason, recompiled.
@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import pytest
 
 import kiln
-from kiln import _compile, _jax_compat, _machine
+from kiln._base import _jax_compat
 from kiln._cli import main
+from kiln._keys import _machine
+from kiln._miss import _compile
 from kiln.stores import LocalStore
 
 AVX512 = ("fpu vme sse sse2 pni ssse3 sse4_1 sse4_2 avx avx2 fma bmi1 bmi2 avx512f avx512bw "
@@ -65,7 +67,7 @@ def test_the_machine_kind_holds_instruction_set_features_only(fresh_detection) -
 
 
 def test_the_key_of_a_cpu_executable_holds_the_machine_kind() -> None:
-    from kiln._key import environment_parts, machine
+    from kiln._keys._key import environment_parts, machine
 
     parts = dict(environment_parts())
     assert parts["machine"] == machine() == _machine.cpu_kind()
@@ -79,7 +81,7 @@ import jax
 import jax.numpy as jnp
 
 import kiln
-from kiln import _machine
+from kiln._keys import _machine
 
 if os.environ.get("HOST_FEATURES"):  # this process simulates a host of another kind
     _machine._read_cpu_features = lambda: os.environ["HOST_FEATURES"].split()
@@ -172,7 +174,7 @@ def test_ls_and_stats_show_the_machine_kinds_a_store_serves(
     kinds = []
     for flags in (AVX512, AVX2):
         fresh_detection(flags)
-        from kiln import _key
+        from kiln._keys import _key
 
         _key._static_environment.cache_clear()
         kinds.append(_machine.cpu_kind())

@@ -1,4 +1,4 @@
-"""What a trace reads from outside Python (kiln._reads): recorded, keyed, re-checked.
+"""What a trace reads from outside Python (kiln._keys._reads): recorded, keyed, re-checked.
 
 Cross-process behaviour (run, change the file, run again) is in tests/test_staleness.py; these
 tests pin the recorder's rules in one process.
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln._reads import DIR, FILE, ReadRecorder, check_read
+from kiln._keys._reads import DIR, FILE, ReadRecorder, check_read
 
 
 @pytest.fixture

@@ -709,8 +709,8 @@ import jaxlib
 import numpy as np
 
 import kiln
-import kiln._key
-import kiln._version
+import kiln._keys._key
+import kiln._base._version
 
 
 def env_impl(x):
@@ -737,21 +737,21 @@ class FakeDevice:
 
 def patched_environment(what):
     """Prime kiln's cached environment parts as if this were another jax / device / ..."""
-    saved = jax.__version__, jaxlib.__version__, kiln._version.__version__, jax.devices
+    saved = jax.__version__, jaxlib.__version__, kiln._base._version.__version__, jax.devices
     real_devices = jax.devices
     if what == "jax":
         jax.__version__ += ".post1"
     elif what == "jaxlib":
         jaxlib.__version__ += ".post1"
     elif what == "kiln":
-        kiln._version.__version__ += ".post1"
+        kiln._base._version.__version__ += ".post1"
     elif what in ("backend", "device"):
         jax.devices = lambda *a, **k: [FakeDevice(d, what) for d in real_devices(*a, **k)]
-    kiln._key._static_environment.cache_clear()
+    kiln._keys._key._static_environment.cache_clear()
     try:
-        kiln._key._static_environment()
+        kiln._keys._key._static_environment()
     finally:
-        jax.__version__, jaxlib.__version__, kiln._version.__version__, jax.devices = saved
+        jax.__version__, jaxlib.__version__, kiln._base._version.__version__, jax.devices = saved
 
 
 def fresh():

@@ -1,4 +1,4 @@
-"""Static values kiln._hashing keys by meaning, end to end through kiln.jit / kiln.filter_jit:
+"""Static values kiln._keys._hashing keys by meaning, end to end through kiln.jit / kiln.filter_jit:
 
 1. mappings in INSERTION ORDER (``[x * v for v in cfg.values()]`` is another program for another
    order), in one process (hot path included) and across processes;
@@ -31,7 +31,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 import kiln
-from kiln._hashing import static_digest
+from kiln._keys._hashing import static_digest
 
 AB = {"a": 1.0, "b": 2.0}
 BA = {"b": 2.0, "a": 1.0}
@@ -287,7 +287,7 @@ import json
 import numpy as np, jax, jax.numpy as jnp, kiln
 from jax.sharding import (AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec as P,
                           SingleDeviceSharding)
-from kiln._hashing import static_digest
+from kiln._keys._hashing import static_digest
 
 def d(v):
     return static_digest(v, argname="v")

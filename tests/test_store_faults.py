@@ -27,7 +27,7 @@ import pytest
 
 import kiln
 from kiln._cli import main
-from kiln._entry import decode, encode
+from kiln.stores._entry import decode, encode
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="mounting a tmpfs and setpriv need root")

@@ -14,7 +14,7 @@ import jax
 import pytest
 
 import kiln
-from kiln import _jax_compat
+from kiln._base import _jax_compat
 
 PROG = textwrap.dedent('''\
     import sys

@@ -4,7 +4,7 @@ closed over or read as a global by a small function, gives a fingerprint (sound,
 and then the verify path), and ``kiln.jit`` of that function returns what ``jax.jit`` returns.
 
 Per object and per variant (closure cell, module global) the walk alone runs
-(:func:`kiln._fingerprint.fingerprint`, ~0.2 ms); ``kiln.jit`` runs (a cold compile, ~50 ms) for
+(:func:`kiln._keys._fingerprint.fingerprint`, ~0.2 ms); ``kiln.jit`` runs (a cold compile, ~50 ms) for
 every live object, every object whose walk raised or is unsound, and a sample of each library
 covering each kind of object (module, class, function, builtin, other instance). Each test
 prints how many calls took the verify path (``kiln.stats().reasons["verify-path"]``, counted by
@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln._fingerprint import fingerprint
+from kiln._keys._fingerprint import fingerprint
 
 LIBRARIES = [
     "jax",

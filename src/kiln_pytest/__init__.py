@@ -50,7 +50,7 @@ def pytest_configure(config: Any) -> None:
     if not _wanted(config):
         return
     import kiln
-    from kiln import _jax_cache
+    from kiln._travel import _jax_cache
 
     try:
         kiln.get_config()  # a bad KILN_* setting: one clear error now, not one per compile

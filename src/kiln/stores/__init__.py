@@ -7,8 +7,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._config import Config
-from .._errors import ConfigError, StoreError, StoreWarning
+from .._base._config import Config
+from .._base._errors import ConfigError, StoreError, StoreWarning
 from ._base import EntryStat as EntryStat
 from ._base import Leasable as Leasable
 from ._base import Lease as Lease

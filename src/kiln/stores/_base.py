@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from .._entry import peek_header
-from .._errors import EntryError
+from .._base._errors import EntryError
+from ._entry import peek_header
 
 __all__ = ["EntryStat", "Lease", "Leasable", "Store", "read_header"]
 

@@ -10,8 +10,8 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 
-from .. import _stats
-from .._errors import StoreError, StoreWarning
+from .._base import _stats
+from .._base._errors import StoreError, StoreWarning
 from ._base import Store
 
 __all__ = ["reporting", "store_fault", "user_stacklevel"]

@@ -1,10 +1,10 @@
 """A store on any fsspec file system: object stores (``s3://bucket/prefix``, ``gs://``,
 ``az://``) and others (``memory://`` for tests).
 
-Layout under the URL (``N`` is :data:`kiln._entry.FORMAT_VERSION`, so kilns that read different
-formats never meet)::
+Layout under the URL (``N`` is :data:`kiln.stores._entry.FORMAT_VERSION`, so kilns that read
+different formats never meet)::
 
-    vN/entries/<key[:2]>/<key>.kiln    one entry blob per object (see kiln._entry for its bytes)
+    vN/entries/<key[:2]>/<key>.kiln    one entry blob per object (kiln.stores._entry: its bytes)
     vN/used/<key>                      empty; its modification time is the entry's last use
     vN/counters/<host>.<pid>.<random>.json   counters one process recorded at exit
                                        (``add_counts``; ``counts`` sums them)
@@ -58,9 +58,9 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from .._entry import FORMAT_VERSION, peek_header
-from .._errors import EntryError, StoreError
+from .._base._errors import EntryError, StoreError
 from ._base import EntryStat
+from ._entry import FORMAT_VERSION, peek_header
 from ._redis import redact_url
 
 __all__ = ["FsspecStore"]

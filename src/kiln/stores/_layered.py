@@ -41,8 +41,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .. import _stats
-from .._errors import StoreError, StoreWarning
+from .._base import _stats
+from .._base._errors import StoreError, StoreWarning
 from ._base import EntryStat, Leasable, Lease, Store
 from ._faults import store_fault
 

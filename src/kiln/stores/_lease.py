@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _stats
+from .._base import _stats
 from ._base import Lease
 
 __all__ = ["Flight", "Held", "await_or_lease"]

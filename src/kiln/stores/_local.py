@@ -2,7 +2,7 @@
 
 Layout under ``root``::
 
-    entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._entry for its bytes)
+    entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln.stores._entry for its bytes)
     leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
                                     that key (``flock``; the OS frees it when the holder dies);
                                     removed by prune / clear when nobody holds them
@@ -61,9 +61,9 @@ try:
 except ImportError:  # (Windows: filelock's own lock)
     fcntl = None  # type: ignore[assignment]
 
-from .._entry import peek_header
-from .._errors import EntryError, StoreError
+from .._base._errors import EntryError, StoreError
 from ._base import EntryStat
+from ._entry import peek_header
 
 __all__ = ["LocalStore"]
 

@@ -1,9 +1,9 @@
 """A store in Redis (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path?db=N``).
 
-Layout (``N`` is :data:`kiln._entry.FORMAT_VERSION`, so kilns that read different formats
+Layout (``N`` is :data:`kiln.stores._entry.FORMAT_VERSION`, so kilns that read different formats
 never meet)::
 
-    kiln:vN:entry:<key>    string: the entry blob (see kiln._entry for its bytes)
+    kiln:vN:entry:<key>    string: the entry blob (see kiln.stores._entry for its bytes)
     kiln:vN:lease:<key>    string: the token of the process compiling <key> (with an expiry)
     kiln:vN:counters       hash: counters processes recorded at exit (``add_counts``)
 
@@ -40,9 +40,9 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-from .._entry import FORMAT_VERSION, peek_header
-from .._errors import EntryError, StoreError
+from .._base._errors import EntryError, StoreError
 from ._base import EntryStat
+from ._entry import FORMAT_VERSION, peek_header
 
 __all__ = ["RedisStore"]
 

@@ -11,10 +11,10 @@ A bundle is one file, little-endian::
     25       7     zero padding
     32       M     manifest: UTF-8 JSON object: the exporting process's "kiln", "jax",
                    "jaxlib", "platform", "device_kind" and "machine" (its machine kind, see
-                   kiln._machine), "created" (POSIX seconds), and
+                   kiln._keys._machine), "created" (POSIX seconds), and
                    "entries": per entry, in file order, its "key", "kind", "function",
                    "signature", "size" (bytes) and "sha256" (hex digest of its bytes)
-    32+M     E     the entries, each a whole kiln entry (see kiln._entry), back to back
+    32+M     E     the entries, each a whole kiln entry (see kiln.stores._entry), back to back
     32+M+E   32    digest over bytes [0, 32+M+E)
 
 :func:`import_entries` checks the magic, version, lengths and the digest **before** any byte of
@@ -51,12 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ._config import get_config
-from ._entry import decode, digest
-from ._errors import BundleError, EntryError, StoreWarning
-from ._key import environment_parts
-from .stores import Store, open_store
-from .stores._base import read_header
+from .._base._config import get_config
+from .._base._errors import BundleError, EntryError, StoreWarning
+from .._keys._key import environment_parts
+from ..stores import Store, open_store
+from ..stores._base import read_header
+from ..stores._entry import decode, digest
 
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "Exported", "ImportReport", "ImportedEntry", "decode_bundle",
@@ -310,7 +310,7 @@ def export_entries(
     Every entry is verified first (digest or ``KILN_SIGNING_KEY`` signature, and its key); one
     that does not verify is left out with a :class:`kiln.StoreWarning`. The bundle records the
     kiln, jax and jaxlib versions, platform, device kind and machine kind (on CPU the
-    architecture and instruction-set features, :mod:`kiln._machine`) of this process, and per
+    architecture and instruction-set features, :mod:`kiln._keys._machine`) of this process, and per
     entry its
     key, function, size (bytes) and SHA-256; the whole file carries a SHA-256 digest, or an
     HMAC-SHA256 under ``KILN_SIGNING_KEY`` when that is set. The file is written atomically,
@@ -423,8 +423,8 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
     it is reported and not loaded, with the difference as its reason (its key
     would never be looked up here). Entries built under other jax settings or ``XLA_FLAGS``
     load, and are used by processes with those settings. An entry the store already holds
-    (valid, under the same key) is left as it is. Trust: see :mod:`kiln._bundle`; importing is
-    copying native code into the store.
+    (valid, under the same key) is left as it is. Trust: see :mod:`kiln._travel._bundle`;
+    importing is copying native code into the store.
 
     Args:
         path: the bundle file.

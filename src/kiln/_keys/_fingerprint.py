@@ -5,7 +5,7 @@ A fingerprint has two layers (as ccache's direct mode does for headers):
 1. **Static walk** (part of the persistent key): the function's code object (bytecode, constants
    including nested code, names; not line numbers), its defaults, closure values, and every
    module-level value its code names, recursing into user functions, user modules' attributes
-   and user classes' methods. Values are hashed by value (:mod:`kiln._hashing`).
+   and user classes' methods. Values are hashed by value (:mod:`kiln._keys._hashing`).
 2. **Manifest** (stored in the entry, re-checked on a warm lookup): after tracing cold, every
    user-code function that emitted part of the program is read off the equations' source
    tracebacks. Functions the static walk could not see (methods reached through objects,
@@ -45,14 +45,14 @@ import jax
 import numpy as np
 import xxhash
 
-from . import _jax_compat
-from ._errors import StaticArgumentError
+from .._base import _jax_compat
+from .._base._errors import StaticArgumentError
 from ._hashing import Unpersistable, static_digest
 from ._reads import DIR, FILE, LIB_ROOTS, ReadRecorder, check_read
 
 __all__ = ["Fingerprint", "fingerprint", "manifest_for", "check_manifest"]
 
-_KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_KILN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # src/kiln/
 _MAX_ITEMS = 5000
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, tuple, list, dict)
 _PyTreeDef = type(jax.tree_util.tree_structure(0))
@@ -149,7 +149,7 @@ def code_digest(code: types.CodeType) -> str:
     """Digest of a code object: bytecode, constants (nested code recursively), names, arity.
 
     Line numbers and file names are left out, so moving code does not change its digest.
-    Constants are hashed canonically (:func:`kiln._hashing.static_digest`), never by ``repr``:
+    Constants are hashed canonically (:func:`kiln._keys._hashing.static_digest`), never by ``repr``:
     a ``frozenset`` constant (``x in {"a", "b"}``) has the same digest under every
     ``PYTHONHASHSEED``.
     """
@@ -824,7 +824,7 @@ class TraceRecorder:
       the manifest holds the functions that emitted equations only.
 
     - ``reads``: files this thread opened and directories it listed while tracing, as
-      manifest items (:mod:`kiln._reads`); ``read_reason`` says why they cannot be keyed
+      manifest items (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed
       (a socket, a pipe, a file that changed during the trace), else None.
 
     Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
@@ -1013,14 +1013,14 @@ def manifest_for(
     """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
 
     - ``[module, qualname, digest]`` for each user function whose code is in ``codes`` (the
-      frames that emitted the program's equations, :func:`kiln._jax_compat.codes_in_jaxpr`,
+      frames that emitted the program's equations, :func:`kiln._base._jax_compat.codes_in_jaxpr`,
       and on Python 3.12+ every user function that ran, :class:`TraceRecorder`) and that the
       walk did not cover;
     - ``[module, "<module>", digest, names]`` for each user module in ``imported`` (imported
       while tracing, so the walk before the trace could not see it): the attributes ``names``
       that any walked code reads, by value;
     - ``reads``: the files and directories the trace read (``[path, "<file>" | "<dir>",
-      digest, stat]``, :class:`kiln._reads.ReadRecorder`), or ``read_reason`` why they cannot
+      digest, stat]``, :class:`kiln._keys._reads.ReadRecorder`), or ``read_reason`` why they cannot
       be keyed.
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found

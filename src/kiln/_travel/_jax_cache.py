@@ -21,7 +21,8 @@ compiling it too (:class:`kiln.stores.Leasable`; counted in ``lease_waits``).
 
 In a ``jax.distributed`` job every process writes what it compiled (JAX's own cache is
 written by process 0 only; a program only another process compiles, its eager work on its own
-devices, would be compiled there in every run: :func:`kiln._jax_compat.write_from_every_process`).
+devices, would be compiled there in every run:
+:func:`kiln._base._jax_compat.write_from_every_process`).
 
 JAX decides what it caches: jax 0.10 never writes an executable that holds host callbacks
 (``jax.debug.print``, ``io_callback``, equinox's runtime checks); jax 0.11 and later write
@@ -44,12 +45,11 @@ from typing import Any
 import jax
 import jaxlib
 
-from . import _jax_compat, _stats
-from ._config import get_config
-from ._entry import FORMAT_VERSION, decode, encode
-from ._errors import EntryError, KilnError, StoreError, UnverifiableEntry
-from ._key import machine, make_key
-from .stores import (
+from .._base import _jax_compat, _stats
+from .._base._config import get_config
+from .._base._errors import EntryError, KilnError, StoreError, UnverifiableEntry
+from .._keys._key import machine, make_key
+from ..stores import (
     Held,
     Leasable,
     RemoteSkipped,
@@ -58,6 +58,7 @@ from .stores import (
     reporting,
     store_fault,
 )
+from ..stores._entry import FORMAT_VERSION, decode, encode
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -96,7 +97,7 @@ def store_key(jax_key: str) -> str:
 def kiln_compiling() -> Iterator[None]:
     """Around kiln's own XLA compiles: JAX's cache may still read through the route, but
     writes nothing (kiln stores the executable in its own entry), and does not serialize the
-    executable for that write either (:func:`kiln._jax_compat.no_persistent_cache_writes`)."""
+    executable for that write either (:func:`kiln._base._jax_compat.no_persistent_cache_writes`)."""
     before = getattr(_local, "own", False)
     _local.own = True
     try:

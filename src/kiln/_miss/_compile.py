@@ -3,8 +3,8 @@ deserialize), or trace -> lower -> compile -> serialize -> store; and the tier-u
 programs compile their noinline calls inlined, directly or in the background).
 
 One :class:`_Miss` per in-process miss of one signature. It knows its function through the
-attributes ``kiln._jit.JitFunction`` gives it (``_fun``, ``_name``, ``_flat_jitted``, ...), and
-never imports ``_jit``.
+attributes ``kiln._jit._function.JitFunction`` gives it (``_fun``, ``_name``,
+``_flat_jitted``, ...), and never imports ``_jit``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from . import _args, _explain, _gc, _jax_compat, _noinline_p, _stats
-from ._config import get_config
-from ._entry import decode, encode
-from ._errors import (
+from .._base import _gc, _jax_compat, _stats
+from .._base._config import get_config
+from .._base._errors import (
     EntryError,
     KilnWarning,
     StoreError,
@@ -36,11 +35,11 @@ from ._errors import (
     UnverifiableEntry,
     VerifyError,
 )
-from ._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
-from ._jax_cache import kiln_compiling
-from ._key import environment_parts, make_key
-from ._progress import compiling
-from .stores import (
+from .._keys import _args
+from .._keys._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
+from .._keys._key import environment_parts, make_key
+from .._travel._jax_cache import kiln_compiling
+from ..stores import (
     Held,
     Leasable,
     Lease,
@@ -51,12 +50,16 @@ from .stores import (
     store_fault,
     user_stacklevel,
 )
+from ..stores._entry import decode, encode
+from . import _explain, _noinline_p
+from ._progress import compiling
 
 logger = logging.getLogger("kiln")
 
 
 class Program(Protocol):
-    """What the miss path reads of the function it compiles (``kiln._jit.JitFunction``)."""
+    """What the miss path reads of the function it compiles
+    (``kiln._jit._function.JitFunction``)."""
 
     _fun: Any
     _name: str
@@ -369,7 +372,7 @@ class _Miss:
         # JAX's warnings from lowering that a warm start replays (see _LOWERING_WARNINGS)
         self.lower_warnings: list[str] = []
         self.traced: jax.stages.Traced | None = None
-        # tier-up (kiln._tier_up): set when this program calls kiln.noinline functions and its
+        # tier-up (kiln._miss._tier_up): set when this program calls kiln.noinline functions and its
         # inlined form should be compiled in the background; key / manifest of the entry
         self.start_tier_up = False
         self.key: str | None = None
@@ -382,7 +385,7 @@ class _Miss:
         self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.reads: list[list[str]] = []  # files and directories the cold trace read
-        self.read_reason: str | None = None  # why those cannot be keyed (kiln._reads)
+        self.read_reason: str | None = None  # why those cannot be keyed (kiln._keys._reads)
         self.trace_seconds = 0.0
         self.not_storable_reason = ""  # why the executable could not be stored (_serialize)
         # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):

@@ -5,9 +5,9 @@ jaxpr walks the miss path needs (``calls_in``, ``inlined_size``, ``separate_size
 ``called_names``).
 
 The ``fn`` of a call is a callee: a :class:`_Sub` (one flat function with its own kiln.jit
-executable) or ``kiln._noinline._ArgumentCallee`` (a function chosen at run time). The rules ask it
-through one protocol (``out_avals``, ``effects``, ``tier_up``, ``called_name``, ``bind_jvp``,
-``bind_transpose``, ``bind_batched``), never by its type.
+executable) or ``kiln._jit._noinline._ArgumentCallee`` (a function chosen at run time). The
+rules ask it through one protocol (``out_avals``, ``effects``, ``tier_up``, ``called_name``,
+``bind_jvp``, ``bind_transpose``, ``bind_batched``), never by its type.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import jax
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from . import _jax_compat, _stats
-from ._errors import KilnError
-from ._fingerprint import fingerprint
-from ._hashing import Unpersistable
+from .._base import _jax_compat, _stats
+from .._base._errors import KilnError
+from .._keys._fingerprint import fingerprint
+from .._keys._hashing import Unpersistable
 
 __all__ = ["noinline_p", "inlining", "inlined_size", "called_names", "separate_size",
            "calls_in"]
@@ -41,7 +41,7 @@ class _Sub:
         make_jit: Callable[[Callable[..., Any]], Any], *, tier_up: bool = True
     ) -> None:
         self.flat_fun = flat_fun
-        self.make_jit = make_jit  # kiln.jit, handed down by kiln._noinline (a layer above)
+        self.make_jit = make_jit  # kiln.jit, handed down by kiln._jit._noinline (a layer above)
         self.name = name
         self.module = module
         self.tier_up = tier_up
@@ -171,7 +171,7 @@ def avals_of(avals: Sequence[Any]) -> list[Any]:
 
 def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
     if fn.tier_up and getattr(_inlining, "on", False) and not _jax_compat.union_vma(ctx.avals_in):
-        # tier-up (kiln._tier_up): the sub-function's own jaxpr, as a nested jax.jit would be
+        # tier-up (kiln._miss._tier_up): the sub-function's own jaxpr, as a nested jax.jit would be
         # (not inside a shard_map body: its jaxpr, traced outside, has no varying mesh axes,
         # so there the call stays a call of the separately compiled function)
         inline = fn.inline_fn(avals_of(ctx.avals_in))

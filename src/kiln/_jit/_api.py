@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, overload
 
-from ._jit import JitFunction
+from ._function import JitFunction
 
 __all__ = ["jit", "filter_jit"]
 

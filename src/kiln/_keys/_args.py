@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _jax_compat
+from .._base import _jax_compat
 
 __all__ = ["leaf_sig", "filter_leaf_sig", "STATIC_LEAF", "ARRAY_TYPES", "MULTI_DEVICE",
            "check_argnames", "normalize_argnums", "normalize_argnames", "dyn_positions",

@@ -40,10 +40,16 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from . import _args, _explain, _jax_cache, _jax_compat, _stages, _stats, _tier_up, _travel
-from ._args import ARRAY_TYPES as _ARRAY_TYPES
-from ._args import STATIC_LEAF as _STATIC_LEAF
-from ._compile import (
+from .._base import _jax_compat, _stats
+from .._base._config import Config
+from .._base._errors import StaticArgumentError
+from .._keys import _args
+from .._keys._args import ARRAY_TYPES as _ARRAY_TYPES
+from .._keys._args import STATIC_LEAF as _STATIC_LEAF
+from .._keys._fingerprint import script_module
+from .._keys._hashing import Unpersistable, ndarray_key, static_digest
+from .._miss import _explain, _tier_up
+from .._miss._compile import (
     _abstract_sig,
     _Box,
     _is_static_output,
@@ -51,10 +57,8 @@ from ._compile import (
     _option_text,
     with_static_outputs,
 )
-from ._config import Config
-from ._errors import StaticArgumentError
-from ._fingerprint import script_module
-from ._hashing import Unpersistable, ndarray_key, static_digest
+from .._travel import _jax_cache, _pickling
+from . import _stages
 
 __all__ = ["JitFunction"]
 
@@ -213,7 +217,7 @@ def _unpickle(fun: Any, ctor: dict[str, Any], entries: list[tuple[str, bytes]]) 
     """A kiln function pickled by value, made again; its carried entries go to this process's
     store (verified first), where its calls find them."""
     if entries:
-        _travel.store_carried(entries)
+        _pickling.store_carried(entries)
     return JitFunction(fun, **ctor)
 
 
@@ -427,12 +431,12 @@ class JitFunction:
         ``__main__`` (its function travels as cloudpickle bytes, so plain pickle and
         ``multiprocessing`` carry it too), a closure or lambda (cloudpickle needed for the
         function). Unpickling is trusted, as pickle always is: a pickle can run any code."""
-        name = _travel.name_if_found(self)
+        name = _pickling.name_if_found(self)
         if name is not None:
             return name
         entries = [e for per_miss in list(self._entries) for e in list(per_miss)]
-        return (_unpickle, (_travel.portable(self._fun), self._ctor,
-                            _travel.carried_entries(entries)))
+        return (_unpickle, (_pickling.portable(self._fun), self._ctor,
+                            _pickling.carried_entries(entries)))
 
     def __getstate__(self) -> dict[str, Any]:
         """The attributes, and ``function_name`` as ``jax.jit``'s state names the function

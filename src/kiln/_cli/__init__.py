@@ -39,8 +39,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _config, _jax_cache, _stats
-from ._errors import KilnError, KilnWarning, UnverifiableEntry
+from .._base import _config, _stats
+from .._base._errors import KilnError, KilnWarning, UnverifiableEntry
+from .._travel import _jax_cache
 
 __all__ = ["main"]
 
@@ -177,7 +178,7 @@ def _open_store() -> Any:
     others) is an error here (exit 1), as it is a warning in programs. A remote store URL
     (``redis://``, ``s3://``, ...) is the remote store itself, not layered behind the local
     one: ``kiln ls --store redis://...`` lists what the fleet shares."""
-    from .stores import open_store
+    from ..stores import open_store
 
     store = open_store(_config.get_config(), layered=False)
     check = getattr(store, "check", None)
@@ -216,7 +217,7 @@ class _Row:
     calls: list[str] = dataclasses.field(default_factory=list)
     used_by: list[str] = dataclasses.field(default_factory=list)
     tier: str | None = None
-    # the machine kind it was compiled for (its "machine" key part: kiln._machine), or None
+    # the machine kind it was compiled for (its "machine" key part: kiln._keys._machine), or None
     machine: str | None = None
 
     def as_json(self) -> dict[str, Any]:
@@ -372,7 +373,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "bytes": sum(r.size for r in rows),
         "compile_seconds": round(sum(r.compile_seconds or 0.0 for r in rows), 6),
         "functions": dict(sorted(functions.items())),
-        # the machine kinds the store serves (kiln._machine): entries per kind
+        # the machine kinds the store serves (kiln._keys._machine): entries per kind
         "machines": dict(sorted(Counter(r.machine for r in rows if r.machine).items())),
         "verify_only_markers": sum(r.kind == "verify-only" for r in rows),
         # functions whose executable could not be stored, with the reason (kiln warned once)
@@ -425,7 +426,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from ._entry import decode
+    from ..stores._entry import decode
 
     cfg = _config.get_config()
     store = _open_store()
@@ -566,7 +567,7 @@ def _cmd_clear(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ._bundle import write_bundle
+    from .._travel._bundle import write_bundle
 
     _open_store()  # a store kiln would refuse is an error here
     done = write_bundle(args.file, args.function)
@@ -587,7 +588,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from ._bundle import import_entries
+    from .._travel._bundle import import_entries
 
     _open_store()
     report = import_entries(args.file)
@@ -899,7 +900,7 @@ def _common(suppress: bool) -> _Parser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from ._version import __version__
+    from .._base._version import __version__
 
     parser = _Parser(
         prog="kiln",

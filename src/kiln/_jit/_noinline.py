@@ -7,7 +7,7 @@ calls that executable through a host callback, the mechanism ``equinox.internal.
 
 The call is a host callback (segmented execution is not
 built, see docs/benchmarks.md). Its price is a device -> host -> device round trip per call,
-until a ``kiln.jit`` caller tiers up (``kiln._tier_up``: the program compiled with its calls
+until a ``kiln.jit`` caller tiers up (``kiln._miss._tier_up``: the program compiled with its calls
 inlined). Use it for sub-functions that are expensive to compile and called from many programs
 or sites.
 
@@ -29,9 +29,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import _api, _travel
-from ._errors import KilnError
-from ._noinline_p import DERIVE, _Sub, avals_of, derived_name, noinline_p, split_linear
+from .._base._errors import KilnError
+from .._miss._noinline_p import DERIVE, _Sub, avals_of, derived_name, noinline_p, split_linear
+from .._travel import _pickling
+from . import _api
 
 __all__ = ["noinline", "NoinlineFunction", "DynamicNoinline"]
 
@@ -70,7 +71,7 @@ class NoinlineFunction:
             params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
             params = []
-        from ._args import check_argnames
+        from .._keys._args import check_argnames
 
         check_argnames(fun, params, [("static_argnames", n) for n in sorted(self._static_argnames)],
                        prefix="kiln.noinline: ")
@@ -96,16 +97,16 @@ class NoinlineFunction:
         by value (with cloudpickle), carrying the stored entries of the executables compiled
         for it so far (``pickle_max_size``), as a :class:`kiln.JitFunction` does. Unpickling
         is trusted, as pickle always is."""
-        name = _travel.name_if_found(self)
+        name = _pickling.name_if_found(self)
         if name is not None:
             return name
         with self._lock:
             subs = [sub for sub, _ in self._subs.values()]
         entries = [e for sub in subs for per_miss in list(sub.jit._entries)
                    for e in list(per_miss)]
-        return (_unpickle, (_travel.portable(self._fun), sorted(self._static_argnames),
+        return (_unpickle, (_pickling.portable(self._fun), sorted(self._static_argnames),
                             self._tier_up,
-                            _travel.carried_entries(entries)))
+                            _pickling.carried_entries(entries)))
 
     def dynamic(self) -> DynamicNoinline:
         """This function as a dynamic argument of a jitted program: exchanging it for another
@@ -149,7 +150,7 @@ class NoinlineFunction:
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """(leaves, (treedef, statics, static_key), sub-function, output tree)."""
-        from ._hashing import static_digest
+        from .._keys._hashing import static_digest
 
         # arguments that can be passed by name are, so f(x, 2, y) and f(x, n=2, y=y) share
         # one sub-function, and a static argument may be passed by position
@@ -192,7 +193,7 @@ def _unpickle(fun: Any, static_argnames: list[str], tier_up: bool,
     """A noinline function pickled by value, made again; its carried entries go to this
     process's store (verified first), where its calls find them."""
     if entries:
-        _travel.store_carried(entries)
+        _pickling.store_carried(entries)
     return NoinlineFunction(fun, static_argnames=static_argnames, tier_up=tier_up)
 
 
@@ -324,7 +325,7 @@ class _ArgumentCallee:
     def effects(self, in_avals: Sequence[Any]) -> Any:
         return self.resolve(self.template).effects(in_avals[1:])
 
-    # -- the callee protocol (kiln._noinline_p): the handle (operand 0) has no tangent, no
+    # -- the callee protocol (kiln._miss._noinline_p): the handle (operand 0) has no tangent, no
     # cotangent, and is never batched
     def called_name(self) -> str:
         module = getattr(self.template._fun, "__module__", None) or "__main__"

@@ -138,6 +138,6 @@ def _hot_calls() -> int:
 
 
 def count_reason(kind: str) -> None:
-    """Count one miss reason of ``kind`` (see ``kiln._explain.explain``)."""
+    """Count one miss reason of ``kind`` (see ``kiln._miss._explain.explain``)."""
     with _lock:
         _stats.reasons[kind] += 1

@@ -6,7 +6,7 @@ that; the trace can. CPython's audit hooks (PEP 578, ``sys.addaudithook``) repor
 ``open`` (the builtin, ``io.open_code``, ``os.open``), ``os.listdir`` and ``os.scandir``
 (``glob``, ``pathlib.Path.iterdir`` and ``os.walk`` use them) before it happens. While kiln
 traces, a :class:`ReadRecorder` collects the events of the tracing thread only, and after the
-trace turns them into manifest items (:func:`kiln._fingerprint.check_manifest` re-checks them
+trace turns them into manifest items (:func:`kiln._keys._fingerprint.check_manifest` re-checks them
 on a warm lookup):
 
 - ``[path, "<file>", digest, stat]``: a file the trace opened for reading, by the xxh3-128
@@ -73,7 +73,7 @@ LIB_ROOTS = tuple(
     }
     | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
 )
-_KILN_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_KILN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # src/kiln/
 # stdlib modules whose reads are never a program's input: source shown in a warning or a
 # traceback, and package metadata (importlib.metadata scans sys.path for distributions: what
 # kiln counts by version)

@@ -148,7 +148,7 @@ class Compiled:
 
 def pytree_mismatch(got: Any, want: Any) -> str:
     """``jax.stages.Compiled``'s message for arguments of another pytree structure."""
-    from . import _jax_compat
+    from .._base import _jax_compat
 
     errs = _jax_compat.pytree_differences(got, want)
     msg = ["Function compiled with input pytree does not match the input pytree it was called "

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _jax_compat, _stats
+from .._base import _jax_compat, _stats
 from ._compile import _Miss, compile_and_store_inlined, structs
 
 __all__ = ["wait_for_tier_up", "start"]

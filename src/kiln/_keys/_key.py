@@ -7,11 +7,11 @@ Parts (each logged at DEBUG with its own short hash, so two keys can be diffed):
   process of a ``jax.distributed`` job); ``processes``: the job's process count and devices per
   process (never the process index, so a job's processes share entries); ``machine``: what the
   executable needs from the machine (on CPU the architecture and instruction-set features, on
-  GPU the compute capability: :mod:`kiln._machine`);
+  GPU the compute capability: :mod:`kiln._keys._machine`);
 - ``config:<name>``: every jax config value that changes tracing (jax's own trace context: x64,
   default matmul precision, dtype promotion, ...); ``env:XLA_FLAGS``, ``env:LIBTPU_INIT_ARGS``;
 - ``function``: module + qualname; ``fingerprint``: the static-walk digest
-  (:mod:`kiln._fingerprint`), or ``lowered``: the digest of the lowered module on the verify
+  (:mod:`kiln._keys._fingerprint`), or ``lowered``: the digest of the lowered module on the verify
   path;
 - ``signature``: pytree structure, and per leaf shape, dtype, weak_type (and sharding when not
   the default single device); ``static:<name>``: the digest of each static argument.
@@ -30,8 +30,8 @@ import os
 import jax
 import jaxlib
 
-from . import _jax_compat
-from ._entry import FORMAT_VERSION
+from .._base import _jax_compat
+from ..stores._entry import FORMAT_VERSION
 from ._machine import machine_part
 
 __all__ = ["environment_parts", "machine", "make_key"]
@@ -52,7 +52,7 @@ _EXTRA_CONFIG = (
 
 @functools.lru_cache(maxsize=1)
 def _static_environment() -> tuple[tuple[str, str], ...]:
-    from ._version import __version__
+    from .._base._version import __version__
 
     devices = jax.devices()
     d0 = devices[0]
@@ -73,7 +73,8 @@ def _static_environment() -> tuple[tuple[str, str], ...]:
 
 
 def machine() -> str:
-    """This process's ``machine`` key part (its default backend's; see :mod:`kiln._machine`)."""
+    """This process's ``machine`` key part (its default backend's;
+    see :mod:`kiln._keys._machine`)."""
     return dict(_static_environment())["machine"]
 
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import cloudpickle
 
-from ._config import get_config
-from ._entry import decode
-from ._errors import EntryError, StoreError, StoreWarning
-from .stores import Store, open_store
+from .._base._config import get_config
+from .._base._errors import EntryError, StoreError, StoreWarning
+from ..stores import Store, open_store
+from ..stores._entry import decode
 
 __all__ = ["carried_entries", "name_if_found", "portable", "store_carried"]
 

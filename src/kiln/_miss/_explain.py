@@ -10,7 +10,7 @@ Every miss gets a one-line reason, logged on the ``kiln`` logger at DEBUG, or at
 - for a persistent miss, which key part differs from the closest stored entry of the same
   function (a helper's code, a library version, a jax config value, ``XLA_FLAGS`` ...).
 
-Counters (``kiln.stats()``) are in ``kiln._stats``.
+Counters (``kiln.stats()``) are in ``kiln._base._stats``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import _stats
+from .._base import _stats
 
 __all__ = ["explain", "describe_signature_change", "diff_parts"]
 

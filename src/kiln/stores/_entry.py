@@ -34,16 +34,16 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import EntryError, UnverifiableEntry
+from .._base._errors import EntryError, UnverifiableEntry
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header"]
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
 # 2: an inlined (tier-up) entry's "lowered" is its inlined module's; 3: static mappings are
-# hashed in iteration order, devices / meshes / shardings by value (kiln._hashing); 4: entries
+# hashed in iteration order, devices / meshes / shardings by value (kiln._keys._hashing); 4: entries
 # of format 3 may hold an executable JAX's cache loaded, which XLA serialized without its
-# kernels (kiln._jax_compat.compile_to_store): never loaded again
+# kernels (kiln._base._jax_compat.compile_to_store): never loaded again
 FORMAT_VERSION = 4
 _PREFIX = struct.Struct("<8sIIQB7x")
 _DIGEST_SIZE = 32
@@ -59,7 +59,7 @@ class Entry:
 
 def digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
     """SHA-256 of ``data``, or HMAC-SHA256 under ``signing_key`` when one is set (32 bytes);
-    entries and bundles (:mod:`kiln._bundle`) end with it."""
+    entries and bundles (:mod:`kiln._travel._bundle`) end with it."""
     if signing_key:
         return hmac.new(signing_key.encode(), data, hashlib.sha256).digest()
     return hashlib.sha256(data).digest()
