@@ -42,6 +42,7 @@ from typing import Any
 from .._base import _config, _stats
 from .._base._errors import KilnError, KilnWarning, UnverifiableEntry
 from .._travel import _jax_cache
+from ..stores._entry import short_key
 
 __all__ = ["main"]
 
@@ -338,7 +339,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
             "-" if r.created is None else _ago(now - r.created),
             "-" if r.last_used is None else _ago(now - r.last_used),
             "-" if r.compile_seconds is None else f"{r.compile_seconds:.2f}",
-            r.key[:12],
+            short_key(r.key),
             *((r.machine or "-",) if machines else ()),
             *((_noinline_text(r),) if noinline else ()),
         ))
@@ -487,11 +488,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         for r in results:
             if r["ok"]:
-                _say(f"ok {r['key'][:12]} {r['function']}")
+                _say(f"ok {short_key(r['key'])} {r['function']}")
             elif r["unverified"]:
-                _say(f"UNVERIFIED {r['key'][:12]} {r['reason']}")
+                _say(f"UNVERIFIED {short_key(r['key'])} {r['reason']}")
             else:
-                key = r["key"] if r["reason"].startswith("stray") else r["key"][:12]
+                key = r["key"] if r["reason"].startswith("stray") else short_key(r["key"])
                 _say(f"BAD {key} {r['reason']}" + (" (deleted)" if r["deleted"] else ""))
         ok = len(results) - len(bad) - len(unchecked)
         summary = f"{_entries(len(results))}: {ok} ok, {len(bad)} bad"
@@ -572,7 +573,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     _open_store()  # a store kiln would refuse is an error here
     done = write_bundle(args.file, args.function)
     for key, why in done.skipped:
-        _note(f"entry {key[:12]} not exported: {why}")
+        _note(f"entry {short_key(key)} not exported: {why}")
     if args.json:
         _say(json.dumps({
             "bundle": done.path, "store": done.store, "entries": done.entries,
@@ -601,7 +602,8 @@ def _cmd_import(args: argparse.Namespace) -> int:
         }, indent=2))
         return 0
     for e in report.entries:
-        _say(f"{e.status:<7} {e.key[:12]} {e.function}" + (f": {e.reason}" if e.reason else ""))
+        reason = f": {e.reason}" if e.reason else ""
+        _say(f"{e.status:<7} {short_key(e.key)} {e.function}{reason}")
     _say(f"{_entries(len(report.entries))} in {report.bundle}: {counts['loaded']} loaded, "
          f"{counts['present']} already in the store, {counts['skipped']} skipped; "
          f"store: {report.store}")

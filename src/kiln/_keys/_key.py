@@ -31,7 +31,7 @@ import jax
 import jaxlib
 
 from .._base import _jax_compat
-from ..stores._entry import FORMAT_VERSION
+from ..stores._entry import FORMAT_VERSION, short_key
 from ._machine import machine_part
 
 __all__ = ["environment_parts", "machine", "make_key"]
@@ -100,7 +100,7 @@ def make_key(parts: list[tuple[str, str]]) -> str:
     if logger.isEnabledFor(logging.DEBUG):
         for name, value in parts:
             logger.debug(
-                "key %s part %s=%s", key[:12], name,
+                "key %s part %s=%s", short_key(key), name,
                 hashlib.sha256(value.encode()).hexdigest()[:12],
             )
     return key

@@ -50,7 +50,7 @@ from ..stores import (
     store_fault,
     user_stacklevel,
 )
-from ..stores._entry import decode, encode
+from ..stores._entry import decode, encode, short_key
 from . import _explain, _noinline_p
 from ._progress import compiling
 
@@ -653,18 +653,18 @@ class _Miss:
                            old_keys=self.cfg.signing_keys_old)
             if entry.header.get("key") != key:
                 # a valid entry stored under another key (a swapped or copied file)
-                raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
+                raise EntryError(f"entry was written for key {short_key(entry.header.get('key'))}")
         except UnverifiableEntry as e:
             # most likely a good entry of a signed fleet store, and this process the one
             # without the key: compile here, and leave the entry alone (never replaced)
             self.keep_keys.add(key)
-            self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} "
-                            f"is not loaded ({e})", then="compiling here, leaving the entry as "
-                            "it is")
+            self._bad_entry(f"kiln: entry {short_key(key)} of {self.jf._name} in "
+                            f"{self.store.url!r} is not loaded ({e})",
+                            then="compiling here, leaving the entry as it is")
             return _UNUSABLE
         except EntryError as e:
-            self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} in {self.store.url!r} "
-                            f"is unusable ({e})")
+            self._bad_entry(f"kiln: entry {short_key(key)} of {self.jf._name} in "
+                            f"{self.store.url!r} is unusable ({e})")
             return _UNUSABLE
         header = entry.header
         if header.get("kind") == "verify-only":
@@ -673,7 +673,7 @@ class _Miss:
             self.replace_keys.add(key)  # (a real entry, if one can be made later, replaces it)
             if time.time() < float(header.get("expires", 0.0)):
                 self.no_flight.add(key)
-                self._explain("single-flight", f"{key[:12]}: the process that compiled it "
+                self._explain("single-flight", f"{short_key(key)}: the process that compiled it "
                               f"could not store it ({header.get('reason', '?')}); compiling "
                               "here without waiting")
                 return Loaded(Outcome.NOT_STORABLE)
@@ -702,9 +702,10 @@ class _Miss:
             if digest != header.get("lowered"):
                 if self.cfg.verify:
                     raise VerifyError(
-                        f"KILN_VERIFY: stored entry {key[:12]} of {self.jf._name} does not match "
-                        f"a fresh lowering (stored module {str(header.get('lowered'))[:12]}, "
-                        f"now {str(digest)[:12]}); kiln's key missed a change. "
+                        f"KILN_VERIFY: stored entry {short_key(key)} of {self.jf._name} does not "
+                        f"match a fresh lowering (stored module "
+                        f"{short_key(header.get('lowered'))}, now {short_key(digest)}); kiln's key "
+                        "missed a change. "
                         "Please report this with KILN_EXPLAIN=1 output."
                     )
                 self._explain("lowered", "stored module differs from the fresh lowering")
@@ -734,7 +735,7 @@ class _Miss:
                                                            self._input_objects())
                 compiled = _with_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
-            self._bad_entry(f"kiln: entry {key[:12]} of {self.jf._name} could not be loaded "
+            self._bad_entry(f"kiln: entry {short_key(key)} of {self.jf._name} could not be loaded "
                             f"({type(e).__name__}: {e})")
             return _UNUSABLE
         load_s = time.perf_counter() - t0
@@ -744,7 +745,7 @@ class _Miss:
             warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
         _stats.bump(hits=1, load_seconds=load_s,
                       saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
-        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, key[:12], load_s)
+        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.jf._name, short_key(key), load_s)
         self.entries.append((self.store, key))
         return Loaded(Outcome.HIT, compiled)
 
@@ -847,7 +848,7 @@ class _Miss:
             lease = self.store.lease(key, cfg.lease_seconds)
         except (OSError, StoreError) as e:
             # (a read-only store: no lease, and its put will say why it cannot store)
-            logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
+            logger.debug("kiln: no lease on %s in %r (%s)", short_key(key), self.store.url, e)
             return None, None
 
         def look() -> tuple[bool, Loaded | None]:
@@ -861,7 +862,7 @@ class _Miss:
             return got.outcome not in (Outcome.ABSENT, Outcome.STALE), None
 
         def waiting() -> contextlib.AbstractContextManager[None]:
-            self._explain("single-flight", f"another process is compiling {key[:12]} "
+            self._explain("single-flight", f"another process is compiling {short_key(key)} "
                           f"({self.signature}); waiting for its entry")
             return compiling(f"{self.jf._name} ({self.signature})", cfg.progress,
                              doing="waiting for another process compiling")
@@ -870,10 +871,10 @@ class _Miss:
             flight = await_or_lease(lease, look, seconds=cfg.lease_seconds,
                                     wait=cfg.lease_wait, waiting=waiting)
         except (OSError, StoreError) as e:
-            logger.debug("kiln: no lease on %s in %r (%s)", key[:12], self.store.url, e)
+            logger.debug("kiln: no lease on %s in %r (%s)", short_key(key), self.store.url, e)
             return None, None
         if flight.waited and flight.found is None:
-            self._explain("single-flight", f"{key[:12]}: no entry from the other process "
+            self._explain("single-flight", f"{short_key(key)}: no entry from the other process "
                           f"({'its lease ended' if flight.held else 'stopped waiting'}); "
                           "compiling it here")
         return flight.found, lease if flight.held else None

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from .._base import _stats
+from ..stores._entry import short_key
 
 __all__ = ["explain", "describe_signature_change", "diff_parts"]
 
@@ -69,7 +70,7 @@ def describe_signature_change(
                 changes.append(f"argument {path}: {_fmt_leaf(a)} -> {_fmt_leaf(b)}")
     for (sname, a), (_, b) in zip(best[3], statics, strict=False):
         if a != b:
-            changes.append(f"static argument {sname}: digest {str(a)[:12]} -> {str(b)[:12]}")
+            changes.append(f"static argument {sname}: digest {short_key(a)} -> {short_key(b)}")
     if not changes:
         changes.append("jax config that changes tracing differs")
     return f"{name}: recompiling because " + "; ".join(changes)
@@ -83,7 +84,7 @@ _HEX = frozenset("0123456789abcdef")
 def _short(v: str | None) -> str | None:
     """Hex digests shortened to 12 characters."""
     if v is not None and len(v) >= 32 and set(v) <= _HEX:
-        return v[:12]
+        return short_key(v)
     return v
 
 

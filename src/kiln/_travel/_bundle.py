@@ -56,7 +56,7 @@ from .._base._errors import BundleError, EntryError, StoreWarning
 from .._keys._key import environment_parts
 from ..stores import Store, open_store
 from ..stores._base import read_header
-from ..stores._entry import decode, digest
+from ..stores._entry import decode, digest, short_key
 
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "Exported", "ImportReport", "ImportedEntry", "decode_bundle",
@@ -140,10 +140,10 @@ def decode_bundle(
             if not (isinstance(key, str) and _KEY.fullmatch(key)):
                 raise ValueError(f"entry key {str(key)[:70]!r} is not 64 hex characters")
             if not (isinstance(size, int) and 0 <= size <= end - offset):
-                raise ValueError(f"entry {key[:12]} has size {size!r}, past the entries")
+                raise ValueError(f"entry {short_key(key)} has size {size!r}, past the entries")
             blob = bytes(view[offset : offset + size])
             if hashlib.sha256(blob).hexdigest() != sha:
-                raise ValueError(f"entry {key[:12]} does not match its sha256")
+                raise ValueError(f"entry {short_key(key)} does not match its sha256")
             items.append((row, blob))
             offset += size
         if offset != end:
@@ -197,7 +197,7 @@ def _check_key(header: dict[str, Any], key: str) -> None:
     if "key" not in header:
         raise EntryError("its header names no key")
     if header["key"] != key:
-        raise EntryError(f"it was written for key {str(header['key'])[:12]}")
+        raise EntryError(f"it was written for key {short_key(header['key'])}")
 
 
 def _environment() -> dict[str, str]:
@@ -272,7 +272,7 @@ def write_bundle(
             first_key, why = skipped[0]
             raise BundleError(
                 f"none of the {len(skipped)} entries{which} in {store.url} can be exported "
-                f"(entry {first_key[:12]}: {why}); nothing was written; 'kiln verify' lists "
+                f"(entry {short_key(first_key)}: {why}); nothing was written; 'kiln verify' lists "
                 "the bad entries"
             )
         raise BundleError(
@@ -337,7 +337,7 @@ def export_entries(
     """
     exported = write_bundle(path, functions)
     for key, why in exported.skipped:
-        warnings.warn(f"kiln: entry {key[:12]} in {exported.store!r} not exported ({why})",
+        warnings.warn(f"kiln: entry {short_key(key)} in {exported.store!r} not exported ({why})",
                       StoreWarning, stacklevel=2)
     return len(exported.entries)
 
@@ -462,20 +462,20 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
             _check_key(header, key)
         except EntryError as e:
             done.append(ImportedEntry(key, function, "skipped", f"does not verify here: {e}"))
-            logger.debug("kiln: bundle entry %s skipped: %s", key[:12], e)
+            logger.debug("kiln: bundle entry %s skipped: %s", short_key(key), e)
             continue
         function = str(header.get("function", function))
         unfit = _unfit(header, here)
         if unfit is not None:
             done.append(ImportedEntry(key, function, "skipped", unfit))
-            logger.debug("kiln: bundle entry %s skipped: %s", key[:12], unfit)
+            logger.debug("kiln: bundle entry %s skipped: %s", short_key(key), unfit)
             continue
         if _holds(store, key, blob, cfg.signing_key):
             done.append(ImportedEntry(key, function, "present"))
             continue
         store.put(key, blob)
         done.append(ImportedEntry(key, function, "loaded"))
-        logger.debug("kiln: bundle entry %s loaded into %s", key[:12], store.url)
+        logger.debug("kiln: bundle entry %s loaded into %s", short_key(key), store.url)
     return ImportReport(os.fspath(path), store.url, tuple(done))
 
 

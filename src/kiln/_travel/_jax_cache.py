@@ -58,7 +58,7 @@ from ..stores import (
     reporting,
     store_fault,
 )
-from ..stores._entry import FORMAT_VERSION, decode, encode
+from ..stores._entry import FORMAT_VERSION, decode, encode, short_key
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -223,7 +223,7 @@ def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
     try:
         entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
         if entry.header.get("key") != key or entry.header.get("kind") != _KIND:
-            raise EntryError(f"entry was written for key {str(entry.header.get('key'))[:12]}")
+            raise EntryError(f"entry was written for key {short_key(entry.header.get('key'))}")
         value = entry.sections["jax"]
     except (EntryError, KeyError) as e:
         if not isinstance(e, UnverifiableEntry):  # (a signed entry this process cannot check
@@ -233,7 +233,7 @@ def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
         # error (pytest's filterwarnings = error) would fail the user's call before the
         # recompile that replaces the entry
         logger.warning("kiln: JAX cache entry %s (%s) in %r is unusable (%s); JAX compiles it "
-                       "again and kiln replaces it", key[:12], _module_name(jax_key),
+                       "again and kiln replaces it", short_key(key), _module_name(jax_key),
                        store.url, e)
         return None
     return value  # type: ignore[no-any-return]
@@ -332,7 +332,7 @@ def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
     key = _held.item[0]
     delay = max(2.0, duration_secs)
     _release_later(_held.item[1], delay)
-    logger.debug("kiln: route lease on %s released within %.1f s", key[:12], delay)
+    logger.debug("kiln: route lease on %s released within %.1f s", short_key(key), delay)
 
 
 _due: list[tuple[float, int, Held]] = []  # (monotonic deadline, tie-break, lease): a heap

@@ -22,7 +22,7 @@ import cloudpickle
 from .._base._config import get_config
 from .._base._errors import EntryError, StoreError, StoreWarning
 from ..stores import Store, open_store
-from ..stores._entry import decode
+from ..stores._entry import decode, short_key
 
 __all__ = ["carried_entries", "name_if_found", "portable", "store_carried"]
 
@@ -47,7 +47,7 @@ def carried_entries(entries: Iterable[tuple[Store, str]]) -> list[tuple[str, byt
             if blob is None:
                 continue
             if len(blob) > budget:
-                logger.debug("kiln: entry %s not carried (pickle_max_size reached)", key[:12])
+                logger.debug("kiln: entry %s not carried (pickle_max_size reached)", short_key(key))
                 continue
             budget -= len(blob)
             out.append((key, blob))
@@ -72,9 +72,9 @@ def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
         try:
             entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
             if entry.header.get("key") != key:
-                raise EntryError(f"written for key {str(entry.header.get('key'))[:12]}")
+                raise EntryError(f"written for key {short_key(entry.header.get('key'))}")
         except EntryError as e:
-            warnings.warn(f"kiln: a carried entry {key[:12]} is unusable ({e}); it will be "
+            warnings.warn(f"kiln: a carried entry {short_key(key)} is unusable ({e}); it will be "
                           "compiled", StoreWarning, stacklevel=3)
             continue
         try:

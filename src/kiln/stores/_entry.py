@@ -36,7 +36,8 @@ from typing import Any
 
 from .._base._errors import EntryError, UnverifiableEntry
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header",
+           "short_key"]
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
@@ -63,6 +64,13 @@ def digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
     if signing_key:
         return hmac.new(signing_key.encode(), data, hashlib.sha256).digest()
     return hashlib.sha256(data).digest()
+
+
+def short_key(key: object) -> str:
+    """The first 12 characters of a key or digest (64 hex characters): how kiln names an entry
+    in messages, ``kiln ls`` and ``kiln verify`` (unique in practice; ``kiln ls --json`` and
+    ``kiln ls -v`` give the whole key)."""
+    return str(key)[:12]
 
 
 def encode(header: dict[str, Any], sections: dict[str, bytes], *, signing_key: str | None) -> bytes:

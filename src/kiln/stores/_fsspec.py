@@ -60,7 +60,7 @@ from typing import Any
 
 from .._base._errors import EntryError, StoreError
 from ._base import EntryStat
-from ._entry import FORMAT_VERSION, peek_header
+from ._entry import FORMAT_VERSION, peek_header, short_key
 from ._redis import redact_url
 
 __all__ = ["FsspecStore"]
@@ -381,7 +381,8 @@ class FsspecStore:
         try:
             self._write(f"{self._base}/used/{key}", b"", create=False)
         except Exception as e:  # noqa: BLE001 - a last-use record must never fail a read
-            logger.debug("kiln: cannot record the use of %s in %s (%s)", key[:12], self.url, e)
+            logger.debug("kiln: cannot record the use of %s in %s (%s)", short_key(key), self.url,
+                         e)
 
     # -- protocol ------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from .._base import _stats
 from .._base._errors import StoreError, StoreWarning
 from ._base import EntryStat, Leasable, Lease, Store
+from ._entry import short_key
 from ._faults import store_fault
 
 __all__ = ["LayeredStore", "RemoteSkipped", "wait_for_uploads"]
@@ -220,11 +221,12 @@ class LayeredStore:
             if self.local is None or local_error is not None:
                 # nothing local serves the entry meanwhile: upload now
                 if self._remote("write to", write, key, data, write=True) is _SKIPPED:
-                    raise RemoteSkipped(f"entry {key[:12]} not written: {self.url} is skipped")
+                    raise RemoteSkipped(
+                        f"entry {short_key(key)} not written: {self.url} is skipped")
                 return
             self._upload_later(key, write, data)
         elif self.local is None:
-            raise RemoteSkipped(f"entry {key[:12]} not written: {self.url} is read-only here")
+            raise RemoteSkipped(f"entry {short_key(key)} not written: {self.url} is read-only here")
         if local_error is not None:
             raise local_error
 
