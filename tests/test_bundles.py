@@ -366,7 +366,7 @@ def test_entries_of_every_kind_with_a_key_travel(kiln_store: Path, tmp_path: Pat
                           signing_key=None))
     store.put("cd" * 32, encode({"kind": "other", "function": "m.g"}, {}, signing_key=None))
     bundle = tmp_path / "b.kilnbundle"
-    with pytest.warns(kiln.StoreWarning, match="its header names no key"):
+    with pytest.warns(kiln.StoreWarning, match="entry header names no key"):
         assert kiln.export_entries(bundle) == 1
     with kiln.config_context(cache_dir=tmp_path / "B"):
         report = kiln.import_entries(bundle)

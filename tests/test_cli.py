@@ -377,6 +377,19 @@ def test_verify_detects_corruption(filled: Path, capsys: pytest.CaptureFixture[s
     assert out.splitlines()[-1] == "2 entries: 2 ok, 0 bad"
 
 
+def test_verify_reports_an_entry_stored_under_another_key(
+    filled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A whole, valid entry copied over another key's file is never loaded; verify says so
+    (it checked only the digest before: one decode for every reader now, issue 25)."""
+    first, second = _entry_files(filled)[:2]
+    second.write_bytes(first.read_bytes())
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 1
+    assert f"BAD {second.stem[:12]} entry was written for key {first.stem[:12]}" in out.splitlines()
+    assert out.splitlines()[-1] == "3 entries: 2 ok, 1 bad"
+
+
 def test_verify_checks_signature(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kiln.configure(signing_key="secret")
     code, out, _ = _run(["verify"], capsys)

@@ -363,7 +363,7 @@ def test_an_entry_of_another_kind_under_the_key_reads_as_absent(kiln_store, capl
     assert kiln.stats().bad_entries == 1
     assert [r.getMessage() for r in caplog.records if "is unusable" in r.getMessage()] == [
         f"kiln: JAX cache entry {key[:12]} (jit_h) in {str(kiln_store)!r} is unusable (entry "
-        f"was written for key {key[:12]}); JAX compiles it again and kiln replaces it"]
+        f"is of kind 'executable', not 'jax-cache'); JAX compiles it again and kiln replaces it"]
 
 
 @pytest.mark.slow

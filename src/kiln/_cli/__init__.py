@@ -447,7 +447,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             continue  # removed since iter()
         if blob is not None:
             try:
-                entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
+                entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old,
+                               key=key)
                 function = str(entry.header.get("function", "?"))
                 if entry.header.get("kind") == "verify-only" and "." not in function:
                     function = "-"  # an old marker: its "function" held the format version

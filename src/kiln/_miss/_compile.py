@@ -650,10 +650,7 @@ class _Miss:
         """Verify and deserialize the entry ``blob`` found under ``key``, or say why not."""
         try:
             entry = decode(blob, signing_key=self.cfg.signing_key,
-                           old_keys=self.cfg.signing_keys_old)
-            if entry.header.get("key") != key:
-                # a valid entry stored under another key (a swapped or copied file)
-                raise EntryError(f"entry was written for key {short_key(entry.header.get('key'))}")
+                           old_keys=self.cfg.signing_keys_old, key=key)
         except UnverifiableEntry as e:
             # most likely a good entry of a signed fleet store, and this process the one
             # without the key: compile here, and leave the entry alone (never replaced)

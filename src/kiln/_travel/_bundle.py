@@ -192,14 +192,6 @@ def _read(store: Store, key: str) -> bytes | None:
     return peek(key) if peek is not None else store.get(key)
 
 
-def _check_key(header: dict[str, Any], key: str) -> None:
-    """An entry found under ``key`` must have been written for it (as in a store read)."""
-    if "key" not in header:
-        raise EntryError("its header names no key")
-    if header["key"] != key:
-        raise EntryError(f"it was written for key {short_key(header['key'])}")
-
-
 def _environment() -> dict[str, str]:
     """This process's key parts in :data:`_CHECKED` (versions, backend, devices)."""
     parts = dict(environment_parts())
@@ -252,8 +244,8 @@ def write_bundle(
         if names is not None and not _matches((read_header(blob) or {}).get("function"), names):
             continue
         try:
-            header = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old).header
-            _check_key(header, key)
+            header = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old,
+                            key=key).header
         except EntryError as e:
             skipped.append((key, str(e)))
             continue
@@ -458,8 +450,8 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
     for row, blob in items:
         key, function = row["key"], str(row.get("function", "?"))
         try:
-            header = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old).header
-            _check_key(header, key)
+            header = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old,
+                            key=key).header
         except EntryError as e:
             done.append(ImportedEntry(key, function, "skipped", f"does not verify here: {e}"))
             logger.debug("kiln: bundle entry %s skipped: %s", short_key(key), e)
@@ -490,6 +482,7 @@ def _holds(store: Store, key: str, blob: bytes, signing_key: str | None) -> bool
     if existing == blob:
         return True
     try:
-        return decode(existing, signing_key=signing_key).header.get("key") == key
+        decode(existing, signing_key=signing_key, key=key)
+        return True
     except EntryError:
         return False

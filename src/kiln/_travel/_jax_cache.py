@@ -221,9 +221,9 @@ def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
     if blob is None or key in _unusable:
         return None
     try:
-        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
-        if entry.header.get("key") != key or entry.header.get("kind") != _KIND:
-            raise EntryError(f"entry was written for key {short_key(entry.header.get('key'))}")
+        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
+        if entry.header.get("kind") != _KIND:
+            raise EntryError(f"entry is of kind {entry.header.get('kind')!r}, not {_KIND!r}")
         value = entry.sections["jax"]
     except (EntryError, KeyError) as e:
         if not isinstance(e, UnverifiableEntry):  # (a signed entry this process cannot check

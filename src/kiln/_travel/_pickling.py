@@ -70,9 +70,7 @@ def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
         return 0
     for key, blob in entries:
         try:
-            entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old)
-            if entry.header.get("key") != key:
-                raise EntryError(f"written for key {short_key(entry.header.get('key'))}")
+            decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
         except EntryError as e:
             warnings.warn(f"kiln: a carried entry {short_key(key)} is unusable ({e}); it will be "
                           "compiled", StoreWarning, stacklevel=3)

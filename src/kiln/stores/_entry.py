@@ -97,15 +97,18 @@ def _check_prefix(blob: bytes | memoryview) -> tuple[int, int, int]:
     return hlen, plen, kind
 
 
-def decode(blob: bytes, *, signing_key: str | None, old_keys: tuple[str, ...] = ()) -> Entry:
+def decode(blob: bytes, *, signing_key: str | None, old_keys: tuple[str, ...] = (),
+           key: str | None = None) -> Entry:
     """Verify and decode an entry.
 
     ``old_keys``: earlier signing keys also accepted for a signed entry (a key rotation:
-    ``KILN_SIGNING_KEYS_OLD``); none of them is tried when ``signing_key`` is unset.
+    ``KILN_SIGNING_KEYS_OLD``); none of them is tried when ``signing_key`` is unset. ``key``:
+    the store key the blob was found under; the entry must have been written for it (a valid
+    entry under another key is a swapped or copied file, never loaded).
 
     Raises:
         EntryError: truncated, foreign, other format version, unsigned when a key is configured,
-            or a digest mismatch (corrupt or tampered).
+            a digest mismatch (corrupt or tampered), or written for another key than ``key``.
         UnverifiableEntry: signed, and no key is configured.
     """
     view = memoryview(blob)
@@ -131,6 +134,10 @@ def decode(blob: bytes, *, signing_key: str | None, old_keys: tuple[str, ...] = 
         sections = {n: bytes(payload[o : o + n_]) for n, (o, n_) in header["sections"].items()}
     except (ValueError, KeyError, TypeError) as e:  # pragma: no cover - digest verified
         raise EntryError(f"entry header is malformed: {e}") from None
+    if key is not None and header.get("key") != key:
+        if "key" not in header:
+            raise EntryError("entry header names no key")
+        raise EntryError(f"entry was written for key {short_key(header['key'])}")
     return Entry(header, sections)
 
 
