@@ -31,7 +31,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -104,13 +104,36 @@ class JitFunction:
     :meth:`trace`, :meth:`clear_cache`.
     """
 
-    def __init__(self, fun: Callable[..., Any], **options: Any) -> None:
-        """``options``: :func:`kiln.jit`'s (``_filter``: :func:`kiln.filter_jit`'s donate
-        mode), made into a :class:`JitOptions` (see it for their errors)."""
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None,
+        keep_unused: bool = False,
+        device: Any = None,
+        backend: str | None = None,
+        inline: bool = False,
+        compiler_options: dict[str, Any] | None = None,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+        _filter: str | None = None,
+    ) -> None:
         if callable(fun):
             functools.update_wrapper(self, fun)
         self._fun = fun
-        self._options = opts = JitOptions.make(fun, **options)
+        # kiln.jit's arguments (_filter: kiln.filter_jit's donate mode; None for kiln.jit), as
+        # given, made into options once
+        given = dict(
+            static_argnums=static_argnums, static_argnames=static_argnames,
+            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+            keep_unused=keep_unused, device=device, backend=backend, inline=inline,
+            compiler_options=compiler_options, in_shardings=in_shardings,
+            out_shardings=out_shardings, _filter=_filter,
+        )
+        self._options = opts = JitOptions.make(fun, given)
         # the plain jax.jit of fun: jax's checks at decoration, and jax's errors for arguments
         # kiln.jit hands to it (TO_JAX)
         self._jax_jit = opts.jax_jit(fun)
@@ -343,7 +366,7 @@ class JitFunction:
             executable = miss.run()
             self._table[call.key] = executable
             self._entries.append(miss.entries)  # (tier-up may add to it later)
-            if miss.start_tier_up:
+            if miss.policy.start:
                 _tier_up.start(miss, functools.partial(self._swap_in, call.key))
             return executable
 

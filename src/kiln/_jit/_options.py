@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,6 +15,19 @@ from .._keys import _args
 from .._keys._key import option_text
 
 __all__ = ["JitOptions"]
+
+
+def _both_ways(
+    nums: tuple[int, ...], names: tuple[str, ...], nums_given: bool, names_given: bool,
+    positional: list[str],
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Argument numbers and names, one inferred from the other where only that one was given
+    (``jax.jit``'s ``api_util.infer_argnums_and_argnames``)."""
+    if not nums_given:
+        nums = tuple(positional.index(n) for n in names if n in positional)
+    if not names_given:
+        names = tuple(positional[i] for i in nums if 0 <= i < len(positional))
+    return nums, names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,41 +70,20 @@ class JitOptions:
     given: dict[str, Any]
 
     @classmethod
-    def make(
-        cls,
-        fun: Callable[..., Any],
-        *,
-        static_argnums: int | Sequence[int] | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-        donate_argnums: int | Sequence[int] | None = None,
-        donate_argnames: str | Sequence[str] | None = None,
-        keep_unused: bool = False,
-        device: Any = None,
-        backend: str | None = None,
-        inline: bool = False,
-        compiler_options: dict[str, Any] | None = None,
-        in_shardings: Any = None,
-        out_shardings: Any = None,
-        _filter: str | None = None,
-    ) -> JitOptions:
-        """The options of ``fun`` (``_filter``: filter_jit's donate mode; None for kiln.jit).
+    def make(cls, fun: Callable[..., Any], given: dict[str, Any]) -> JitOptions:
+        """The options of ``fun`` from ``given``: :class:`JitFunction`'s keyword arguments
+        (``_filter``: filter_jit's donate mode; None for kiln.jit).
 
         Raises:
             TypeError, ValueError: ``jax.jit``'s errors for argument numbers and names that
                 are not ints / strings, and an argname naming no parameter of ``fun`` (with
                 its parameters and the closest one).
         """
-        given = dict(
-            static_argnums=static_argnums, static_argnames=static_argnames,
-            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-            keep_unused=keep_unused, device=device, backend=backend, inline=inline,
-            compiler_options=compiler_options, in_shardings=in_shardings,
-            out_shardings=out_shardings, _filter=_filter,
-        )
-        nums = _args.normalize_argnums(static_argnums, "static_argnums")
-        names = _args.normalize_argnames(static_argnames, "static_argnames")
-        dnums = _args.normalize_argnums(donate_argnums, "donate_argnums")
-        dnames = _args.normalize_argnames(donate_argnames, "donate_argnames")
+        g = given
+        nums = _args.normalize_argnums(g["static_argnums"], "static_argnums")
+        names = _args.normalize_argnames(g["static_argnames"], "static_argnames")
+        dnums = _args.normalize_argnums(g["donate_argnums"], "donate_argnums")
+        dnames = _args.normalize_argnames(g["donate_argnames"], "donate_argnames")
         try:
             signature: inspect.Signature | None = inspect.signature(fun)
         except (TypeError, ValueError):
@@ -103,30 +95,26 @@ class JitOptions:
         ]
         _args.check_argnames(fun, params, [("static_argnames", n) for n in names]
                              + [("donate_argnames", n) for n in dnames])
-        if static_argnums is None:
-            nums = tuple(positional.index(n) for n in names if n in positional)
-        if static_argnames is None:
-            names = tuple(positional[i] for i in nums if 0 <= i < len(positional))
-        if donate_argnums is None:
-            dnums = tuple(positional.index(n) for n in dnames if n in positional)
-        if donate_argnames is None:
-            dnames = tuple(positional[i] for i in dnums if 0 <= i < len(positional))
+        nums, names = _both_ways(nums, names, g["static_argnums"] is not None,
+                                 g["static_argnames"] is not None, positional)
+        dnums, dnames = _both_ways(dnums, dnames, g["donate_argnums"] is not None,
+                                   g["donate_argnames"] is not None, positional)
+        mode = g["_filter"]
         return cls(
             static_argnums=frozenset(nums),
             static_argnames=frozenset(names),
             donate_argnums=frozenset(dnums),
             donate_argnames=tuple(dnames),
-            jax_options={k: v for k, v in (("keep_unused", keep_unused), ("device", device),
-                                           ("backend", backend), ("inline", inline),
-                                           ("compiler_options", compiler_options)) if v},
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
+            jax_options={k: g[k] for k in ("keep_unused", "device", "backend", "inline",
+                                           "compiler_options") if g[k]},
+            in_shardings=g["in_shardings"],
+            out_shardings=g["out_shardings"],
             positional=positional,
             signature=signature,
-            filter_jit=_filter is not None,
-            donate_first=_filter in ("all", "warn"),
-            donate_rest=_filter in ("all", "warn", "all-except-first", "warn-except-first"),
-            quiet_donation=_filter in ("all", "all-except-first"),
+            filter_jit=mode is not None,
+            donate_first=mode in ("all", "warn"),
+            donate_rest=mode in ("all", "warn", "all-except-first", "warn-except-first"),
+            quiet_donation=mode in ("all", "all-except-first"),
             given=given,
         )
 

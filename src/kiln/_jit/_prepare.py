@@ -20,7 +20,7 @@ from . import _stages
 from ._dispatch import StaticValue
 from ._options import JitOptions
 
-__all__ = ["TO_JAX", "TableKey", "aot_check", "prepare", "static_key"]
+__all__ = ["TO_JAX", "TableKey", "aot_check", "prepare"]
 
 _tree_flatten = jax.tree_util.tree_flatten
 # Set on the first call (not at import: importing kiln must not start the XLA backend).
@@ -56,7 +56,7 @@ def prepare(options: JitOptions, name: str, args: tuple[Any, ...],
         args, kwargs = bound.args, bound.kwargs
     if options.has_statics:
         dyn_args, dyn_kwargs, statics = _split(options, args, kwargs)
-        skey = static_key(options, name, statics) if statics else ()
+        skey = _static_key(options, name, statics) if statics else ()
     else:
         dyn_args, dyn_kwargs, statics, skey = args, kwargs, (), ()
     leaves, treedef = _tree_flatten((dyn_args, dyn_kwargs))
@@ -103,7 +103,7 @@ def _split(
     return args, kwargs, tuple(statics)
 
 
-def static_key(
+def _static_key(
     options: JitOptions, name: str, statics: Sequence[tuple[Any, Any]],
     names: Sequence[str] | None = None,
 ) -> tuple[Any, ...]:
@@ -137,7 +137,7 @@ def _static_leaves(
     idx = [i for i, s in enumerate(sigs) if s is STATIC_LEAF]
     paths = None
     try:
-        key = static_key(options, name, [(("leaf", i), leaves[i]) for i in idx])
+        key = _static_key(options, name, [(("leaf", i), leaves[i]) for i in idx])
     except StaticArgumentError:
         paths = [
             "args" + jax.tree_util.keystr(p)
@@ -146,7 +146,7 @@ def _static_leaves(
             )[0]
         ]
         names = [paths[i] if i < len(paths) else f"leaf {i}" for i in idx]
-        key = static_key(options, name, [(("leaf", i), leaves[i]) for i in idx], names)
+        key = _static_key(options, name, [(("leaf", i), leaves[i]) for i in idx], names)
     return key, [x for x, s in zip(leaves, sigs, strict=True) if s is not STATIC_LEAF]
 
 

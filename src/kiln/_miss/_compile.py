@@ -66,25 +66,16 @@ class _Miss:
         self.keys = CallKeys.of(jf, call, static_leaves)
         self.unsound = self.keys.unsound  # why this call takes the verify path, or None
         self.explain = Explainer(jf._name, cfg.explain)
-        self.policy = _tier_up.Policy(self.program, jf._may_tier_up, self.explain)
+        self.policy = _tier_up.Policy(self.program, cfg.tier_up, jf._may_tier_up, self.explain)
         # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):
         # what a kiln function pickled by value carries with it
         self.entries: list[tuple[Store, str]] = []
         self.reader = EntryReader(jf, cfg, self.store, self.program, self.keys, self.explain,
-                                  self.entries, self._tier_up_later)
+                                  self.entries, self.policy)
         self.writer = EntryWriter(jf, cfg, self.store, self.program, self.keys, self.explain,
                                   self.entries, self.reader.replace_keys)
-        # tier-up (kiln._miss._tier_up): set when this program's inlined form should be
-        # compiled in the background; the key of the entry it replaces
-        self.start_tier_up = False
-        self.key: str | None = None
         self.fp_key: str | None = None
         self.inlined_key: str | None = None  # the verify path's key of the inlined form
-
-    def _tier_up_later(self, key: str) -> None:
-        """The entry under ``key`` was stored before its inlined form was ready: tier up in
-        this process."""
-        self.start_tier_up, self.key = True, key
 
     # -- the flow -----------------------------------------------------------------------------
     def run(self) -> Any:
@@ -134,7 +125,7 @@ class _Miss:
     def _verify_path(self, t_start: float) -> Any:
         """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
         self.program.trace()
-        if self.cfg.tier_up and self.policy.candidate:
+        if self.policy.tier_up and self.policy.candidate:
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self.keys.verify_key(self.program.inlined_facts[0], inlined=True)
             got = self.reader.load(self.inlined_key)
@@ -211,25 +202,22 @@ class _Miss:
     ) -> Any:
         self.explain.memory_miss()
         self.program.trace()
-        self.key = key
-        candidate = self.policy.candidate
-        self.start_tier_up = candidate and self.cfg.tier_up
-        if self.start_tier_up and self.policy.inline_directly:
+        if self.policy.compile_inlined_now(key):
             # inlined at once: the lowered program is never made
-            self.start_tier_up = False
             with self.writer.compiling():
                 result = self.compile_inlined(structs(self.program.leaves), t_start)
             _stats.bump(misses=1)
             return result
         return self.writer.compile_and_write(key, manifest, t_start,
-                                             tier_up_candidate=candidate)
+                                             tier_up_candidate=self.policy.candidate)
 
     def compile_inlined(self, args: list[Any], t0: float) -> Any:
         """Compile the program with its noinline calls inlined (``args``: its abstract
         arguments) and store it under its fingerprint key, or on the verify path under the
         inlined module's key; the callable executable."""
-        if self.key is not None and self.key == self.fp_key:
-            return self.writer.compile_inlined_and_write(self.key, fingerprinted=True,
+        key = self.policy.key
+        if key is not None and key == self.fp_key:
+            return self.writer.compile_inlined_and_write(key, fingerprinted=True,
                                                          args=args, t0=t0)
         return self.writer.compile_inlined_and_write(self.inlined_key, fingerprinted=False,
                                                      args=args, t0=t0)

@@ -9,7 +9,6 @@ import enum
 import logging
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 from .._base import _jax_compat, _stats
@@ -23,6 +22,7 @@ from ._call_keys import CallKeys
 from ._explain import Explainer, describe_persistent_miss
 from ._outputs import wrap_static_outputs
 from ._program import Program
+from ._tier_up import Policy
 
 __all__ = ["EntryReader", "Loaded", "Outcome"]
 
@@ -55,17 +55,16 @@ class EntryReader:
     """The store reads of one miss of ``fun``.
 
     ``entries``: where a hit's (store, key) goes (what a kiln function pickled by value
-    carries). ``tier_up_later(key)``: called for an entry stored before its inlined form was
-    ready (this process tiers it up).
+    carries). ``policy``: told of an entry stored before its inlined form was ready.
     """
 
     def __init__(self, fun: KilnFunction, cfg: Config, store: Store, program: Program,
                  keys: CallKeys, explain: Explainer, entries: list[tuple[Store, str]],
-                 tier_up_later: Callable[[str], None]) -> None:
+                 policy: Policy) -> None:
         self.fun, self.cfg, self.store = fun, cfg, store
         self.program, self.keys, self.explain = program, keys, explain
         self.entries = entries
-        self.tier_up_later = tier_up_later
+        self.policy = policy
         # keys whose stored entry was found stale or unusable: written with the store's
         # replace (a remote store's put is create-only)
         self.replace_keys: set[str] = set()
@@ -105,9 +104,8 @@ class EntryReader:
         marker = self._marker(key, header)
         if marker is not None:
             return marker
-        if header.get("tier") == "noinline" and self.cfg.tier_up and self.fun._may_tier_up:
-            # stored before its inlined form was ready: tier up in this process
-            self.tier_up_later(key)
+        if header.get("tier") == "noinline":
+            self.policy.loaded_first_tier(key)
         t0 = time.perf_counter()
         fun_globals = getattr(self.fun._fun, "__globals__", None)
         changed = check_manifest(
@@ -180,7 +178,7 @@ class EntryReader:
         # inlined entry (tier-up) has other host callbacks than the lowered program
         inlined = header.get("tier") == "inlined"
         if header.get("callbacks") == "trace" or self.cfg.verify:
-            lowered = program.lower_form(inlined)
+            source = program.lower_form(inlined)
             digest = (program.inlined_facts if inlined else program.lowered_facts)[0]
             if digest != header.get("lowered"):
                 if self.cfg.verify:
@@ -193,7 +191,7 @@ class EntryReader:
                     )
                 self.explain("lowered", "stored module differs from the fresh lowering")
                 return None
-            callbacks = _jax_compat.host_callbacks(lowered)
+            callbacks = _jax_compat.host_callbacks(source)
         if program.traced is None:
             return callbacks, None, None
         # Traced in this process (verify path, audit, unpicklable callbacks): what the lowered

@@ -28,15 +28,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._base import _jax_compat, _stats
 from . import _noinline_p
+from ._call import KilnFunction
 from ._explain import Explainer
 from ._program import Program, structs
-
-if TYPE_CHECKING:
-    from ._compile import _Miss
 
 __all__ = ["Policy", "wait_for_tier_up", "start"]
 
@@ -55,12 +53,36 @@ DIRECT_RATIO = 2.0
 class Policy:
     """Which form of a program that calls kiln.noinline functions is compiled, and when: the
     lowered one first and the inlined one in the background (tier-up), the inlined one
-    directly, or the lowered one only. Decided once per miss, after tracing."""
+    directly, or the lowered one only. Decided once per miss, after tracing.
 
-    def __init__(self, program: Program, may_tier_up: bool, explain: Explainer) -> None:
+    ``start``: after this miss, compile the inlined form in the background (:func:`start`),
+    to replace the entry under ``key``.
+    """
+
+    def __init__(self, program: Program, tier_up: bool, may_tier_up: bool,
+                 explain: Explainer) -> None:
         self.program = program
+        self.tier_up = tier_up  # the tier_up setting (KILN_TIER_UP)
         self.may_tier_up = may_tier_up  # False for kiln.noinline's own executables
         self.explain = explain
+        self.start = False
+        self.key: str | None = None
+
+    def compile_inlined_now(self, key: str) -> bool:
+        """About to compile the entry under ``key``: whether to compile the inlined form at
+        once (``inline_directly``); else ``start`` says whether a tier-up follows."""
+        self.key = key
+        self.start = self.candidate and self.tier_up
+        if self.start and self.inline_directly:
+            self.start = False
+            return True
+        return False
+
+    def loaded_first_tier(self, key: str) -> None:
+        """The entry under ``key`` was stored before its inlined form was ready: tier up in
+        this process (where tier-up is on)."""
+        if self.tier_up and self.may_tier_up:
+            self.start, self.key = True, key
 
     @functools.cached_property
     def candidate(self) -> bool:
@@ -126,6 +148,18 @@ def wait_for_tier_up(timeout: float | None = None) -> bool:
             t.join(left)
             if t.is_alive():
                 return False
+
+
+class _Miss(Protocol):
+    """What a tier-up reads of the miss whose program it compiles inlined
+    (``kiln._miss._compile._Miss``)."""
+
+    jf: KilnFunction
+    program: Program
+    policy: Policy
+    explain: Explainer
+
+    def compile_inlined(self, args: list[Any], t0: float) -> Any: ...
 
 
 def start(miss: _Miss, swap_in: Callable[[Any], None]) -> None:

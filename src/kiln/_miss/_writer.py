@@ -100,12 +100,12 @@ class EntryWriter:
         not written). ``args``: its abstract arguments. The callable executable."""
         program = self.program
         assert program.traced is not None  # internal invariant
-        lowered = program.lower_inlined(args)
-        want, got = arg_avals(program.traced), arg_avals(lowered)
+        inlined_lowered = program.lower_inlined(args)
+        want, got = arg_avals(program.traced), arg_avals(inlined_lowered)
         if want != got:  # never swap in or store an executable of another signature
             raise RuntimeError(f"inlined program takes {got}, the program {want}")
         with kiln_compiling():
-            compiled = _jax_compat.with_out_tree(_jax_compat.compile_to_store(lowered),
+            compiled = _jax_compat.with_out_tree(_jax_compat.compile_to_store(inlined_lowered),
                                                  program.traced.out_tree)
         seconds = time.perf_counter() - t0
         _stats.bump(compiles=1, compile_seconds=seconds)
