@@ -22,7 +22,7 @@ import kiln
 from kiln._base import _jax_compat
 from kiln._cli import main
 from kiln._keys import _machine
-from kiln._miss import _compile
+from kiln._miss import _reader
 from kiln.stores import LocalStore
 
 AVX512 = ("fpu vme sse sse2 pni ssse3 sse4_1 sse4_2 avx avx2 fma bmi1 bmi2 avx512f avx512bw "
@@ -222,7 +222,7 @@ def test_an_entry_the_loader_rejects_is_a_bad_entry_compiled_again(
     kiln.reset_stats()
     with monkeypatch.context() as m, kiln.config_context(explain=True), \
             caplog.at_level("WARNING", logger="kiln"):
-        m.setattr(_compile._jax_compat, "load_compiled", reject)
+        m.setattr(_reader._jax_compat, "load_compiled", reject)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got = warm(jnp.arange(3.0)).tolist()

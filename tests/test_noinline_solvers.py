@@ -140,7 +140,7 @@ def test_kiln_jit_outer_compiles_a_solve_around_a_small_vector_field_inlined_dir
 def test_kiln_jit_outer_tiers_up_to_the_inlined_result(monkeypatch):
     # diffeqsolve is an eqx.filter_jit: while a noinline function was a pytree of an int32
     # handle, equinox traced it, and the solve never tiered up
-    monkeypatch.setattr(kiln._miss._compile, "DIRECT_RATIO", 0.0)  # always the callback tier first
+    monkeypatch.setattr(kiln._miss._tier_up, "DIRECT_RATIO", 0.0)  # always the callback tier first
     vf = _fresh_vf()
     program = kiln.jit(lambda y0, r: _solve(vf, y0, r))
     before = program(Y0, RATES)

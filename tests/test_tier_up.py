@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln._miss import _compile, _tier_up
+from kiln._miss import _tier_up
 
 
 def _layers(x, w):
@@ -39,7 +39,7 @@ X, W = jnp.linspace(-1.0, 1.0, 8), jnp.full((4, 8), 0.7)
 @pytest.fixture(autouse=True)
 def _callback_tier_first(monkeypatch):
     """These tests are about tier-up: never skip the host-callback tier for small programs."""
-    monkeypatch.setattr(_compile, "DIRECT_RATIO", 0.0)
+    monkeypatch.setattr(_tier_up, "DIRECT_RATIO", 0.0)
 REF = jax.jit(_program(_layers))(X, W)
 
 
@@ -134,7 +134,7 @@ def test_tier_up_off_per_function_and_globally():
 
 
 def test_small_share_of_noinline_code_compiles_inlined_directly(monkeypatch, caplog):
-    monkeypatch.setattr(_compile, "DIRECT_RATIO", 2.0)  # the default
+    monkeypatch.setattr(_tier_up, "DIRECT_RATIO", 2.0)  # the default
     tiny = kiln.noinline(lambda x, w: jnp.tanh(x * w[0]))
     f = kiln.jit(lambda x, w: (x + jnp.sin(x).sum() * w).sum() + tiny(x, w).sum())
     lowerings = []
@@ -157,7 +157,7 @@ def test_small_share_of_noinline_code_compiles_inlined_directly(monkeypatch, cap
 
 
 def test_programs_too_big_once_inlined_keep_calling(monkeypatch, caplog):
-    monkeypatch.setattr(_compile, "MAX_EQUATIONS", 10)
+    monkeypatch.setattr(_tier_up, "MAX_EQUATIONS", 10)
     f = kiln.jit(_program(kiln.noinline(_layers), sites=4))
     with caplog.at_level(logging.DEBUG, logger="kiln"):
         _host_calls(f, X, W)

@@ -29,13 +29,13 @@ class Lowered:
     on first use (a trace and a lowering, once per ``Lowered``).
     """
 
-    def __init__(self, lowering: Callable[[], jax.stages.Lowered],
+    def __init__(self, lower: Callable[[], jax.stages.Lowered],
                  compile: Callable[..., Compiled],
-                 plain: Callable[[], jax.stages.Lowered] | None = None) -> None:
-        self._lowering = lowering  # kiln's lowering (of the flat dynamic leaves)
+                 lower_as_jax: Callable[[], jax.stages.Lowered] | None = None) -> None:
+        self._lower = lower  # kiln's lowered program (of the flat dynamic leaves)
         self._compile = compile
-        self._plain = plain  # JAX's lowering of the same call, as the user wrote it
-        self._plain_lowered: jax.stages.Lowered | None = None
+        self._lower_as_jax = lower_as_jax  # JAX's lowering of the same call, as written
+        self._jax_lowered: jax.stages.Lowered | None = None
 
     def compile(self, compiler_options: dict[str, Any] | None = None, *,
                 device_assignment: Any = None) -> Any:
@@ -47,33 +47,36 @@ class Lowered:
         """
         return self._compile(compiler_options, device_assignment)
 
-    def _user_lowering(self) -> jax.stages.Lowered:
-        if self._plain_lowered is None:
+    def _as_jax(self) -> jax.stages.Lowered:
+        """JAX's lowering of the call as written; kiln's where JAX has none (filter_jit, static
+        arrays by value)."""
+        if self._jax_lowered is None:
             try:
-                self._plain_lowered = self._plain() if self._plain is not None else None
+                self._jax_lowered = (self._lower_as_jax() if self._lower_as_jax is not None
+                                     else None)
             except Exception:  # noqa: BLE001 - static arrays by value: jax.jit refuses
                 pass
-            if self._plain_lowered is None:
-                self._plain_lowered = self._lowering()
-        return self._plain_lowered
+            if self._jax_lowered is None:
+                self._jax_lowered = self._lower()
+        return self._jax_lowered
 
     def as_text(self, dialect: str | None = None, **kwargs: Any) -> str:
         """The lowered module as text (StableHLO), as ``jax.stages.Lowered.as_text``."""
-        lowered = self._lowering()
+        lowered = self._lower()
         return lowered.as_text(dialect, **kwargs) if dialect else lowered.as_text(**kwargs)
 
     def compiler_ir(self, dialect: str | None = None) -> Any:
-        return self._lowering().compiler_ir(dialect) if dialect else self._lowering().compiler_ir()
+        return self._lower().compiler_ir(dialect) if dialect else self._lower().compiler_ir()
 
     def cost_analysis(self) -> Any:
         """XLA's cost estimate of the lowered module (flops, bytes accessed)."""
-        return self._lowering().cost_analysis()
+        return self._lower().cost_analysis()
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_lowering", "_compile", "_plain",
-                                              "_plain_lowered"):
+        if name.startswith("__") or name in ("_lower", "_compile", "_lower_as_jax",
+                                              "_jax_lowered"):
             raise AttributeError(name)
-        return getattr(self._user_lowering(), name)
+        return getattr(self._as_jax(), name)
 
     def __repr__(self) -> str:
         return "<kiln Lowered>"
@@ -98,11 +101,11 @@ class Compiled:
                             "donate_argnames"})
 
     def __init__(self, call: Callable[..., Any], check: Callable[[tuple[Any, ...],
-                 dict[str, Any]], list[Any]], lowering: Callable[[], jax.stages.Lowered],
+                 dict[str, Any]], list[Any]], lower: Callable[[], jax.stages.Lowered],
                  lowered: Lowered | None = None) -> None:
         self._call = call  # the executable (a jax Compiled, or one wrapped by kiln)
         self._check = check
-        self._lowering = lowering
+        self._lower = lower  # kiln's lowered program
         self._lowered = lowered
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -116,7 +119,7 @@ class Compiled:
     def as_text(self) -> str | None:
         """The optimized HLO text of the executable (``jax.stages.Compiled.as_text``)."""
         got = self._jax_compiled()
-        return got.as_text() if got is not None else self._lowering().compile().as_text()
+        return got.as_text() if got is not None else self._lower().compile().as_text()
 
     def cost_analysis(self) -> Any:
         """XLA's cost estimate of the executable (flops, bytes accessed)."""
@@ -126,20 +129,20 @@ class Compiled:
                 return got.cost_analysis()
             except Exception:  # noqa: BLE001 - a deserialized executable may not say
                 pass
-        return self._lowering().cost_analysis()
+        return self._lower().cost_analysis()
 
     def memory_analysis(self) -> Any:
         got = self._jax_compiled()
         return got.memory_analysis() if got is not None else None
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_call", "_check", "_lowering", "_lowered"):
+        if name.startswith("__") or name in ("_call", "_check", "_lower", "_lowered"):
             raise AttributeError(name)
         if name in self._DESCRIBED and self._lowered is not None:
             return getattr(self._lowered, name)
         got = self._jax_compiled()
         if got is None:  # kiln's own wrapper (static outputs): the executable it wraps
-            got = self._lowering().compile()
+            got = self._lower().compile()
         return getattr(got, name)
 
     def __repr__(self) -> str:

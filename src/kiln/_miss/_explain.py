@@ -15,13 +15,18 @@ Counters (``kiln.stats()``) are in ``kiln._base._stats``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._base import _stats
+from .._base._errors import StoreError
+from ..stores import Store
 from ..stores._entry import short_key
 
-__all__ = ["explain", "describe_signature_change", "diff_parts"]
+__all__ = ["Explainer", "explain", "describe_persistent_miss", "describe_signature_change",
+           "diff_parts"]
 
 logger = logging.getLogger("kiln")
 
@@ -30,6 +35,46 @@ def explain(kind: str, message: str, *, explain_on: bool) -> None:
     """Log one miss reason (WARNING when explaining, else DEBUG) and count its kind."""
     _stats.count_reason(kind)
     logger.log(logging.WARNING if explain_on else logging.DEBUG, "kiln: %s", message)
+
+
+class Explainer:
+    """The reasons one miss gives, each naming its function ``name``.
+
+    ``memory_reason``: why the call missed the process's table, said once (and only when the
+    store will not hit either: :meth:`memory_miss`). ``quiet``: polling the store for another
+    process's entry (single-flight), which says nothing.
+    """
+
+    def __init__(self, name: str, explain_on: bool) -> None:
+        self.name = name
+        self.explain_on = explain_on
+        self.quiet = False
+        self.memory_reason: tuple[str, str] | None = None
+
+    def __call__(self, kind: str, message: str) -> None:
+        if self.quiet:
+            return
+        explain(kind, f"{self.name}: {message}", explain_on=self.explain_on)
+
+    @property
+    def wanted(self) -> bool:
+        """Whether reasons are shown (``KILN_EXPLAIN=1``, or the ``kiln`` logger at DEBUG): a
+        reason that costs work to find is only looked for then."""
+        return self.explain_on or logger.isEnabledFor(logging.DEBUG)
+
+    def memory_miss(self) -> None:
+        """Say why this call missed in process, once."""
+        if self.memory_reason is not None:
+            explain(*self.memory_reason, explain_on=self.explain_on)
+            self.memory_reason = None
+
+    @contextlib.contextmanager
+    def quietly(self) -> Iterator[None]:
+        self.quiet = True
+        try:
+            yield
+        finally:
+            self.quiet = False
 
 
 def _fmt_leaf(sig: Any) -> str:
@@ -74,6 +119,40 @@ def describe_signature_change(
     if not changes:
         changes.append("jax config that changes tracing differs")
     return f"{name}: recompiling because " + "; ".join(changes)
+
+
+def describe_persistent_miss(
+    store: Store, function: str, parts: Sequence[tuple[str, str]],
+    fp_parts: Sequence[tuple[str, str]], signature: str,
+) -> str:
+    """Why ``function`` (``module.qualname``) missed the store: the key parts in which the
+    closest stored entry of the same function differs (``parts``: the call's key parts,
+    ``fp_parts``: its fingerprint's, ``signature``: its argument types as text)."""
+    best: list[str] | None = None
+    try:
+        for other in store.iter():
+            header = store.header(other)
+            if not header or header.get("function") != function:
+                continue
+            if header.get("kind") != "executable":  # a verify-only marker: no key parts
+                continue
+            diff = diff_parts(
+                [p for p in parts if p[0] != "signature"] + list(fp_parts),
+                [p for p in header.get("key_parts", []) if p[0] != "signature"]
+                + header.get("fp_parts", []),
+            )
+            # the argument avals (static values are key parts of their own, diffed above)
+            old_avals = str(header.get("signature")).split("; static ")[0]
+            avals = signature.split("; static ")[0]
+            if old_avals != avals:
+                diff.insert(0, f"argument types: {old_avals} -> {avals}")
+            if best is None or len(diff) < len(best):
+                best = diff
+    except (OSError, StoreError):
+        best = None
+    if best is None:
+        return f"no stored entry for {function} ({signature})"
+    return "closest stored entry differs in: " + "; ".join(best[:8])
 
 
 # fingerprint parts that repeat a key part (static arguments) or only mark a position

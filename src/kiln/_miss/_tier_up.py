@@ -21,20 +21,103 @@ so the inlined executable reaches the store.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .._base import _jax_compat, _stats
-from ._compile import _Miss, compile_and_store_inlined, structs
+from . import _noinline_p
+from ._call import KilnFunction
+from ._explain import Explainer
+from ._program import Program, structs
 
-__all__ = ["wait_for_tier_up", "start"]
+__all__ = ["Policy", "wait_for_tier_up", "start"]
 
 logger = logging.getLogger("kiln")
+
+# Above this many equations once inlined (a recursive noinline function grows exponentially),
+# a program keeps calling its noinline functions instead of tiering up.
+MAX_EQUATIONS = 50_000
+
+# Compile the inlined program directly, with no host-callback tier first, when inlining makes
+# the program at most this many times larger than compiling its pieces separately (a small
+# vector field inside a big solver: the callbacks would only slow the first run down).
+DIRECT_RATIO = 2.0
+
+
+class Policy:
+    """Which form of a program that calls kiln.noinline functions is compiled, and when: the
+    lowered one first and the inlined one in the background (tier-up), the inlined one
+    directly, or the lowered one only. Decided once per miss, after tracing.
+
+    ``start``: after this miss, compile the inlined form in the background (:func:`start`),
+    to replace the entry under ``key``.
+    """
+
+    def __init__(self, program: Program, tier_up: bool, may_tier_up: bool,
+                 explain: Explainer) -> None:
+        self.program = program
+        self.tier_up = tier_up  # the tier_up setting (KILN_TIER_UP)
+        self.may_tier_up = may_tier_up  # False for kiln.noinline's own executables
+        self.explain = explain
+        self.start = False
+        self.key: str | None = None
+
+    def compile_inlined_now(self, key: str) -> bool:
+        """About to compile the entry under ``key``: whether to compile the inlined form at
+        once (``inline_directly``); else ``start`` says whether a tier-up follows."""
+        self.key = key
+        self.start = self.candidate and self.tier_up
+        if self.start and self.inline_directly:
+            self.start = False
+            return True
+        return False
+
+    def loaded_first_tier(self, key: str) -> None:
+        """The entry under ``key`` was stored before its inlined form was ready: tier up in
+        this process (where tier-up is on)."""
+        if self.tier_up and self.may_tier_up:
+            self.start, self.key = True, key
+
+    @functools.cached_property
+    def candidate(self) -> bool:
+        """Whether this (traced) program calls kiln.noinline functions that tier-up would
+        inline, and is small enough once inlined; whether tier-up is on is separate."""
+        traced = self.program.traced
+        assert traced is not None  # internal invariant: asked after tracing
+        if not self.may_tier_up or not _noinline_p.calls_in(traced.jaxpr.jaxpr):
+            return False
+        size = self.program.inlined_size
+        if size > MAX_EQUATIONS:
+            self.explain(
+                "tier-up",
+                f"no tier-up: inlined, the program would have {size} equations "
+                f"(more than {MAX_EQUATIONS}); it keeps calling its noinline functions",
+            )
+            return False
+        return True
+
+    @functools.cached_property
+    def inline_directly(self) -> bool:
+        """Whether to skip the host-callback tier: inlining the noinline calls makes the program
+        at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
+        traced = self.program.traced
+        assert traced is not None  # internal invariant: asked after tracing
+        separate = _noinline_p.separate_size(traced.jaxpr.jaxpr)
+        size = self.program.inlined_size
+        if size > DIRECT_RATIO * separate:
+            return False
+        self.explain(
+            "tier-up",
+            f"compiling the program inlined directly: inlined it has {size} "
+            f"equations, its separately compiled pieces {separate}",
+        )
+        return True
 
 _pending: set[threading.Thread] = set()
 _pending_lock = threading.Lock()
@@ -67,15 +150,28 @@ def wait_for_tier_up(timeout: float | None = None) -> bool:
                 return False
 
 
+class _Miss(Protocol):
+    """What a tier-up reads of the miss whose program it compiles inlined
+    (``kiln._miss._compile._Miss``)."""
+
+    jf: KilnFunction
+    program: Program
+    policy: Policy
+    explain: Explainer
+
+    def compile_inlined(self, args: list[Any], t0: float) -> Any: ...
+
+
 def start(miss: _Miss, swap_in: Callable[[Any], None]) -> None:
     """Compile ``miss``'s program inlined in a background thread, store it, and hand the
     executable to ``swap_in`` (the function's table puts it in place of the first one).
 
-    Called right after the not-inlined executable was put in the table, before it first runs
-    (the argument leaves are still alive, even if donated).
+    Called right after the lowered program's executable was put in the table, before it first
+    runs (the argument leaves are still alive, even if donated).
     """
     thread = threading.Thread(
-        target=_run, args=(miss, swap_in, structs(miss.leaves), _jax_compat.local_config()),
+        target=_run,
+        args=(miss, swap_in, structs(miss.program.leaves), _jax_compat.local_config()),
         name=f"kiln tier-up {miss.jf._name}", daemon=True,
     )
     with _pending_lock:
@@ -101,15 +197,15 @@ def _run(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any],
 
 def _compile_inlined(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any]) -> None:
     t0 = time.perf_counter()
-    if miss.traced is None:  # loaded without tracing: trace now (in this thread)
-        miss._trace()
-        if not miss.tier_up_candidate:
+    if miss.program.traced is None:  # loaded without tracing: trace now (in this thread)
+        miss.program.trace()
+        if not miss.policy.candidate:
             return
-    result = compile_and_store_inlined(miss, structs, t0)
+    result = miss.compile_inlined(structs, t0)
     swap_in(result)
     _stats.bump(tier_ups=1)
-    miss._explain("tier-up", f"inlined program swapped in (compiled in the background in "
-                             f"{time.perf_counter() - t0:.2f} s)")
+    miss.explain("tier-up", f"inlined program swapped in (compiled in the background in "
+                            f"{time.perf_counter() - t0:.2f} s)")
 
 
 @atexit.register

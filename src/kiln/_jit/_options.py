@@ -1,0 +1,144 @@
+"""The options of a kiln function, made once from ``kiln.jit``'s (or ``kiln.filter_jit``'s)
+arguments, as equinox's ``_JitWrapper`` holds its own: static and donated arguments resolved by
+position and by name, filter_jit's donate mode as booleans, ``jax.jit``'s options as given."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .._keys import _args
+from .._keys._key import option_text
+
+__all__ = ["JitOptions"]
+
+
+def _both_ways(
+    nums: tuple[int, ...], names: tuple[str, ...], nums_given: bool, names_given: bool,
+    positional: list[str],
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Argument numbers and names, one inferred from the other where only that one was given
+    (``jax.jit``'s ``api_util.infer_argnums_and_argnames``)."""
+    if not nums_given:
+        nums = tuple(positional.index(n) for n in names if n in positional)
+    if not names_given:
+        names = tuple(positional[i] for i in nums if 0 <= i < len(positional))
+    return nums, names
+
+
+@dataclasses.dataclass(frozen=True)
+class JitOptions:
+    """What a kiln function was made with.
+
+    Attributes:
+        static_argnums, static_argnames: the static arguments, both ways: like ``jax.jit``
+            (``api_util.infer_argnums_and_argnames``), when only one of them is given the other
+            is inferred, so a parameter is static whether passed by position or by name; when
+            both are given, each is used as given. ``donate_argnums`` / ``donate_argnames``
+            likewise.
+        jax_options: ``jax.jit``'s ``keep_unused``, ``device``, ``backend``, ``inline``,
+            ``compiler_options``, those set: passed on to every ``jax.jit`` kiln makes of the
+            function (and key parts).
+        in_shardings, out_shardings: ``jax.jit``'s (None: not given), applied by kiln per
+            array leaf.
+        positional: the names of the function's positional parameters.
+        signature: the function's, or None where ``inspect`` cannot tell.
+        filter_jit: ``kiln.filter_jit`` (equinox's contract) rather than ``kiln.jit``.
+        donate_first, donate_rest: filter_jit donates the first argument's arrays, the others'.
+        quiet_donation: filter_jit silences jax's warning about donated buffers it could not
+            use (``donate="all"`` / ``"all-except-first"``), as equinox does.
+        given: the arguments as given, to make the function again where it is unpickled.
+    """
+
+    static_argnums: frozenset[int]
+    static_argnames: frozenset[str]
+    donate_argnums: frozenset[int]
+    donate_argnames: tuple[str, ...]
+    jax_options: dict[str, Any]
+    in_shardings: Any
+    out_shardings: Any
+    positional: list[str]
+    signature: inspect.Signature | None
+    filter_jit: bool
+    donate_first: bool
+    donate_rest: bool
+    quiet_donation: bool
+    given: dict[str, Any]
+
+    @classmethod
+    def make(cls, fun: Callable[..., Any], given: dict[str, Any]) -> JitOptions:
+        """The options of ``fun`` from ``given``: :class:`JitFunction`'s keyword arguments
+        (``_filter``: filter_jit's donate mode; None for kiln.jit).
+
+        Raises:
+            TypeError, ValueError: ``jax.jit``'s errors for argument numbers and names that
+                are not ints / strings, and an argname naming no parameter of ``fun`` (with
+                its parameters and the closest one).
+        """
+        g = given
+        nums = _args.normalize_argnums(g["static_argnums"], "static_argnums")
+        names = _args.normalize_argnames(g["static_argnames"], "static_argnames")
+        dnums = _args.normalize_argnums(g["donate_argnums"], "donate_argnums")
+        dnames = _args.normalize_argnames(g["donate_argnames"], "donate_argnames")
+        try:
+            signature: inspect.Signature | None = inspect.signature(fun)
+        except (TypeError, ValueError):
+            signature = None
+        params = list(signature.parameters.values()) if signature is not None else []
+        positional = [
+            p.name for p in params
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        _args.check_argnames(fun, params, [("static_argnames", n) for n in names]
+                             + [("donate_argnames", n) for n in dnames])
+        nums, names = _both_ways(nums, names, g["static_argnums"] is not None,
+                                 g["static_argnames"] is not None, positional)
+        dnums, dnames = _both_ways(dnums, dnames, g["donate_argnums"] is not None,
+                                   g["donate_argnames"] is not None, positional)
+        mode = g["_filter"]
+        return cls(
+            static_argnums=frozenset(nums),
+            static_argnames=frozenset(names),
+            donate_argnums=frozenset(dnums),
+            donate_argnames=tuple(dnames),
+            jax_options={k: g[k] for k in ("keep_unused", "device", "backend", "inline",
+                                           "compiler_options") if g[k]},
+            in_shardings=g["in_shardings"],
+            out_shardings=g["out_shardings"],
+            positional=positional,
+            signature=signature,
+            filter_jit=mode is not None,
+            donate_first=mode in ("all", "warn"),
+            donate_rest=mode in ("all", "warn", "all-except-first", "warn-except-first"),
+            quiet_donation=mode in ("all", "all-except-first"),
+            given=given,
+        )
+
+    @property
+    def has_statics(self) -> bool:
+        return bool(self.static_argnums or self.static_argnames)
+
+    def identity(self) -> tuple[Any, ...]:
+        """What two kiln functions of one function object must share to share their
+        executables in this process (``kiln._jit._function._shared_state``)."""
+        return (self.static_argnums, self.static_argnames, self.donate_argnums,
+                self.donate_argnames, repr(sorted(self.jax_options.items())),
+                (self.filter_jit, self.donate_first, self.donate_rest, self.quiet_donation),
+                option_text(self.in_shardings), option_text(self.out_shardings))
+
+    def jax_jit(self, fun: Callable[..., Any]) -> Any:
+        """The plain ``jax.jit`` of ``fun`` with these options as given: jax's checks and
+        errors at decoration (out-of-range argnums, positional-only static_argnames, static
+        and donated at once, generator functions, staticmethod objects, non-callables), and
+        later jax's errors, with jax's text and argument paths, for arguments kiln.jit does
+        not take (a string, a function)."""
+        g = self.given
+        shardings = {k: g[k] for k in ("in_shardings", "out_shardings") if g[k] is not None}
+        return jax.jit(fun, static_argnums=g["static_argnums"],
+                       static_argnames=g["static_argnames"],
+                       donate_argnums=g["donate_argnums"], donate_argnames=g["donate_argnames"],
+                       **shardings, **self.jax_options)

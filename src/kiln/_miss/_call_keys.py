@@ -1,0 +1,105 @@
+"""What keys one call in the store: its named key parts (:class:`kiln._keys._key.KeyParts`),
+the fingerprint of the function and of what shapes its trace (static values, pytree aux data),
+and whether that fingerprint can key the call at all (else the verify path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._base import _stats
+from .._keys import _args
+from .._keys._fingerprint import Fingerprint, fingerprint
+from .._keys._key import KeyParts, avals_text, treedef_parts
+from ._call import Call, KilnFunction
+
+__all__ = ["CallKeys"]
+
+# Static values whose digest is all there is to them (no code, no class behind them).
+_DIGEST_IS_ALL = (type(None), bool, int, float, complex, str, bytes, np.ndarray, np.generic,
+                  jax.Array)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallKeys:
+    """The keys of one call.
+
+    Attributes:
+        parts: the named key parts but the program's own.
+        fp: the static walk of the function and the ``extra`` values that shape its trace.
+        signature: the argument types and static digests as text (``float32[3]; static
+            n=1a2b3c4d``), for explanations, entry headers and ``kiln ls``.
+        unsound: why the fingerprint cannot key this call (the verify path), or None.
+    """
+
+    parts: KeyParts
+    fp: Fingerprint
+    signature: str
+    unsound: str | None
+
+    @classmethod
+    def of(cls, fun: KilnFunction, call: Call, static_leaves: dict[int, Any]) -> CallKeys:
+        """The keys of ``call`` of ``fun`` (``static_leaves``: ``call.static_leaves()``)."""
+        sigs = tuple(s for s in call.sigs if s is not _args.STATIC_LEAF)
+        structure, extra = treedef_parts(call.treedef)
+        signature = avals_text(sigs)
+        unsound = None
+        statics = call.all_statics(static_leaves)
+        values = {_args.param_name(fun._options.positional, where): value
+                  for where, value in statics}
+        leaf_paths = (_args.leaf_paths(fun._options.positional, call.dyn_args, call.dyn_kwargs,
+                                       statics) if static_leaves else [])
+        static_parts, static_text = [], []
+        for keyname, digest in call.static_key:
+            value = values[keyname]
+            if isinstance(keyname, str):
+                name = keyname
+            else:
+                i = keyname[1]
+                name = f"leaf {leaf_paths[i] if i < len(leaf_paths) else i}"
+            if isinstance(digest, tuple):
+                # callables are fingerprinted by code in the walk below; others are unsound
+                if not callable(value):
+                    unsound = (
+                        f"static argument {name} ({type(value).__name__}) has no canonical "
+                        "digest, so kiln cannot tell whether a stored executable was built for "
+                        "it; give its class a __kiln_digest__ method or make it a frozen "
+                        "dataclass of plain values"
+                    )
+                digest = "see-fingerprint"
+            if not isinstance(value, _DIGEST_IS_ALL):
+                # a static value is walked with the function's code, each one: a function's
+                # code and closure, a dataclass's methods and class variables count too
+                extra.append((f"static:{name}", value))
+            static_parts.append((name, str(digest)))
+            static_text.append(
+                f"{name}=(by code)" if digest == "see-fingerprint" else f"{name}={str(digest)[:8]}"
+            )
+        if static_text:
+            signature += "; static " + ", ".join(static_text)
+        t0 = time.perf_counter()
+        fp = fingerprint(fun._fun, extra=extra)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        if not fp.sound and unsound is None:
+            unsound = fp.reason
+        options = fun._options
+        parts = KeyParts.for_call(
+            function=f"{fun._module}.{fun._name}", structure=structure, sigs=sigs,
+            statics=static_parts, jit_options=options.jax_options,
+            in_shardings=options.in_shardings, out_shardings=options.out_shardings,
+            donated=fun._donated_leaves(call), filter_jit=options.filter_jit,
+        )
+        return cls(parts, fp, signature, unsound)
+
+    def fingerprint_key(self) -> str:
+        """The key by the function's fingerprint (when it is sound)."""
+        return self.parts.key("fingerprint", self.fp.digest)
+
+    def verify_key(self, digest: str, *, inlined: bool = False) -> str:
+        """The key of the verify path: by the digest of the lowered module, or of the inlined
+        one for an entry of tier-up's form (that form holds the noinline functions' code too)."""
+        return self.parts.key("lowered-inlined" if inlined else "lowered", digest)

@@ -1,0 +1,239 @@
+"""Reading a store entry for one call: load it, check it (digest, manifest, and where the
+program is traced in this process, the lowered module), deserialize it; or say why not, and
+handle a bad entry (warn once, replace it later; ``KILN_STRICT=1``: raise)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import time
+import warnings
+from typing import Any
+
+from .._base import _jax_compat, _stats
+from .._base._config import Config
+from .._base._errors import EntryError, StoreError, StoreWarning, UnverifiableEntry, VerifyError
+from .._keys._fingerprint import check_manifest
+from ..stores import Store, store_fault, user_stacklevel
+from ..stores._entry import Entry, decode, short_key
+from ._call import KilnFunction
+from ._call_keys import CallKeys
+from ._explain import Explainer, describe_persistent_miss
+from ._outputs import wrap_static_outputs
+from ._program import Program
+from ._tier_up import Policy
+
+__all__ = ["EntryReader", "Loaded", "Outcome"]
+
+logger = logging.getLogger("kiln")
+
+
+class Outcome(enum.Enum):
+    """What a store lookup found (:meth:`EntryReader.load`)."""
+
+    HIT = "hit"  # a usable entry, loaded
+    ABSENT = "absent"  # no entry under the key
+    STALE = "stale"  # an entry built from something that has changed since
+    UNUSABLE = "unusable"  # a corrupt, foreign or tampered entry, or a store that failed
+    VERIFY_ONLY = "verify-only"  # a marker: this function takes the verify path
+    # a short-lived marker: the process that compiled it could not store it; compile here now
+    # (waiters do not take the key over one after another: issue 24)
+    NOT_STORABLE = "not-storable"
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    outcome: Outcome
+    executable: Any = None  # the callable executable, on a HIT
+
+
+_ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
+
+
+class EntryReader:
+    """The store reads of one miss of ``fun``.
+
+    ``entries``: where a hit's (store, key) goes (what a kiln function pickled by value
+    carries). ``policy``: told of an entry stored before its inlined form was ready.
+    """
+
+    def __init__(self, fun: KilnFunction, cfg: Config, store: Store, program: Program,
+                 keys: CallKeys, explain: Explainer, entries: list[tuple[Store, str]],
+                 policy: Policy) -> None:
+        self.fun, self.cfg, self.store = fun, cfg, store
+        self.program, self.keys, self.explain = program, keys, explain
+        self.entries = entries
+        self.policy = policy
+        # keys whose stored entry was found stale or unusable: written with the store's
+        # replace (a remote store's put is create-only)
+        self.replace_keys: set[str] = set()
+        self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
+        self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
+
+    def load(self, key: str) -> Loaded:
+        """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not."""
+        t0 = time.perf_counter()
+        try:
+            blob = self.store.get(key)
+        except (OSError, StoreError) as e:
+            store_fault(self.store, "read", e, strict=self.cfg.strict)
+            return _UNUSABLE
+        finally:
+            _stats.bump(read_seconds=time.perf_counter() - t0)
+        if blob is None:
+            if not self.explain.quiet:
+                self.explain.memory_miss()
+                if self.explain.wanted:
+                    fun = self.fun
+                    self.explain("persistent-miss", describe_persistent_miss(
+                        self.store, f"{fun._module}.{fun._name}", self.keys.parts.parts,
+                        self.keys.fp.parts, self.keys.signature))
+            return _ABSENT
+        got = self._use(key, blob)
+        if got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and key not in self.keep_keys:
+            self.replace_keys.add(key)
+        return got
+
+    def _use(self, key: str, blob: bytes) -> Loaded:
+        """Verify and deserialize the entry ``blob`` found under ``key``, or say why not."""
+        entry = self._decode(key, blob)
+        if entry is None:
+            return _UNUSABLE
+        header = entry.header
+        marker = self._marker(key, header)
+        if marker is not None:
+            return marker
+        if header.get("tier") == "noinline":
+            self.policy.loaded_first_tier(key)
+        t0 = time.perf_counter()
+        fun_globals = getattr(self.fun._fun, "__globals__", None)
+        changed = check_manifest(
+            header.get("manifest") or [],
+            (self.fun._module, fun_globals) if isinstance(fun_globals, dict) else None,
+        )
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        if changed is not None:
+            self.explain("manifest", f"stored entry is stale: {changed}")
+            return _STALE
+        t0 = time.perf_counter()
+        traced = self._from_trace(key, entry)
+        if traced is None:
+            return _STALE
+        compiled = self._deserialize(key, entry, *traced)
+        if compiled is None:
+            return _UNUSABLE
+        load_s = time.perf_counter() - t0
+        for message in header.get("warnings", ()):
+            # JAX warns while lowering ("Some donated buffers were not usable"), which a
+            # load skips: the same warning, as jax.jit gives it once per process and signature
+            warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
+        _stats.bump(hits=1, load_seconds=load_s,
+                    saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
+        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.fun._name, short_key(key),
+                     load_s)
+        self.entries.append((self.store, key))
+        return Loaded(Outcome.HIT, compiled)
+
+    def _decode(self, key: str, blob: bytes) -> Entry | None:
+        """The entry, verified; None for a bad one (warned about)."""
+        try:
+            return decode(blob, signing_key=self.cfg.signing_key,
+                          old_keys=self.cfg.signing_keys_old, key=key)
+        except UnverifiableEntry as e:
+            # most likely a good entry of a signed fleet store, and this process the one
+            # without the key: compile here, and leave the entry alone (never replaced)
+            self.keep_keys.add(key)
+            self._bad_entry(f"kiln: entry {short_key(key)} of {self.fun._name} in "
+                            f"{self.store.url!r} is not loaded ({e})",
+                            then="compiling here, leaving the entry as it is")
+        except EntryError as e:
+            self._bad_entry(f"kiln: entry {short_key(key)} of {self.fun._name} in "
+                            f"{self.store.url!r} is unusable ({e})")
+        return None
+
+    def _marker(self, key: str, header: dict[str, Any]) -> Loaded | None:
+        """What a marker entry says (verify-only, not-storable), or None for an executable."""
+        if header.get("kind") == "verify-only":
+            return Loaded(Outcome.VERIFY_ONLY)
+        if header.get("kind") == "not-storable":
+            self.replace_keys.add(key)  # (a real entry, if one can be made later, replaces it)
+            if time.time() < float(header.get("expires", 0.0)):
+                self.no_flight.add(key)
+                self.explain("single-flight", f"{short_key(key)}: the process that compiled it "
+                             f"could not store it ({header.get('reason', '?')}); compiling "
+                             "here without waiting")
+                return Loaded(Outcome.NOT_STORABLE)
+            return _ABSENT
+        return None
+
+    def _from_trace(self, key: str, entry: Entry) -> tuple[Any, Any, Any] | None:
+        """(host callbacks, output tree, non-array outputs) from this process's trace of the
+        program where there is one (each None where the entry holds it), or None when the
+        entry differs from that trace (stale)."""
+        header = entry.header
+        program = self.program
+        callbacks = None
+        # the form the entry was compiled from (its "lowered" digest is of that form): an
+        # inlined entry (tier-up) has other host callbacks than the lowered program
+        inlined = header.get("tier") == "inlined"
+        if header.get("callbacks") == "trace" or self.cfg.verify:
+            source = program.lower_form(inlined)
+            digest = (program.inlined_facts if inlined else program.lowered_facts)[0]
+            if digest != header.get("lowered"):
+                if self.cfg.verify:
+                    raise VerifyError(
+                        f"KILN_VERIFY: stored entry {short_key(key)} of {self.fun._name} does not "
+                        f"match a fresh lowering (stored module "
+                        f"{short_key(header.get('lowered'))}, now {short_key(digest)}); kiln's key "
+                        "missed a change. "
+                        "Please report this with KILN_EXPLAIN=1 output."
+                    )
+                self.explain("lowered", "stored module differs from the fresh lowering")
+                return None
+            callbacks = _jax_compat.host_callbacks(source)
+        if program.traced is None:
+            return callbacks, None, None
+        # Traced in this process (verify path, audit, unpicklable callbacks): what the lowered
+        # module does not hold (host callables, non-array outputs, the output tree) comes from
+        # this trace, never from the entry.
+        if callbacks is None:
+            callbacks = _jax_compat.host_callbacks(program.lower_form(inlined))
+        static_out = program.static_out()
+        if ("static_out" in entry.sections) != (static_out is not None):
+            self.explain("lowered", "stored entry's outputs differ from the fresh trace")
+            return None
+        return callbacks, program.traced.out_tree, static_out
+
+    def _deserialize(self, key: str, entry: Entry, callbacks: Any, out_tree: Any,
+                     static_out: Any) -> Any:
+        """The callable executable of ``entry``, or None when it cannot be loaded (warned)."""
+        try:
+            compiled = _jax_compat.load_compiled(
+                entry.sections, callbacks, out_tree,
+                lapack=bool(entry.header.get("lapack", True)),
+                inputs=self.program.input_objects(),
+            )
+            if "static_out" in entry.sections:
+                if static_out is None:
+                    static_out = _jax_compat.unpickle_tree(entry.sections["static_out"],
+                                                           self.program.input_objects())
+                compiled = wrap_static_outputs(compiled, *static_out)
+        except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
+            self._bad_entry(f"kiln: entry {short_key(key)} of {self.fun._name} could not be "
+                            f"loaded ({type(e).__name__}: {e})")
+            return None
+        return compiled
+
+    def _bad_entry(self, message: str, then: str = "recompiling and replacing it") -> None:
+        """Count and warn about a bad entry (``then`` says what kiln does next), once per key
+        (not again when single-flight looks at the same entry once more); with
+        ``KILN_STRICT=1`` a :class:`StoreError`."""
+        if self.explain.quiet:
+            return
+        _stats.bump(bad_entries=1)
+        self.explain("bad-entry", f"{message.removeprefix('kiln: ')}; {then}")
+        if self.cfg.strict:
+            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
+                             "and recompile)")
+        warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=user_stacklevel())

@@ -1,0 +1,237 @@
+"""Writing a store entry for one call: compile the program (lowered, or inlined), serialize the
+executable (before its first run) and write the entry with its header; or, where it cannot be
+stored, say why once and leave a marker."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from typing import Any
+
+from .._base import _jax_compat, _stats
+from .._base._config import Config
+from .._base._errors import KilnWarning, StoreError
+from .._keys._fingerprint import manifest_for
+from .._keys._key import make_key
+from .._travel._jax_cache import kiln_compiling
+from ..stores import RemoteSkipped, Store, store_fault, user_stacklevel
+from ..stores._entry import encode
+from . import _noinline_p
+from ._call import KilnFunction
+from ._call_keys import CallKeys
+from ._explain import Explainer
+from ._outputs import wrap_static_outputs
+from ._program import Program, arg_avals
+from ._progress import compiling
+
+__all__ = ["EntryWriter"]
+
+
+def _advice(reason: str) -> str:
+    """What to do about an executable that cannot be stored, by its reason."""
+    if "large constants" in reason:
+        return ("pass the array it closes over as an argument (traced) or as a static "
+                "argument (by value)")
+    if "tree structure" in reason:
+        return ("return arrays and objects the inputs hold (a TrainState's apply_fn and tx "
+                "come back as the caller's own) or objects cloudpickle can carry")
+    if "mutable array" in reason:
+        return "pass the array ref as an argument"
+    return "KILN_EXPLAIN=1 says more"
+
+
+class EntryWriter:
+    """The compiles and store writes of one miss of ``fun``.
+
+    ``entries``: where each executable entry written goes (store, key): what a kiln function
+    pickled by value carries. ``replace_keys``: keys whose entry was found stale or unusable
+    (written with the store's ``replace``: a remote store's put keeps what it holds).
+    """
+
+    def __init__(self, fun: KilnFunction, cfg: Config, store: Store, program: Program,
+                 keys: CallKeys, explain: Explainer, entries: list[tuple[Store, str]],
+                 replace_keys: set[str]) -> None:
+        self.fun, self.cfg, self.store = fun, cfg, store
+        self.program, self.keys, self.explain = program, keys, explain
+        self.entries = entries
+        self.replace_keys = replace_keys
+        self.not_storable_reason = ""  # why the executable could not be stored (_serialize)
+
+    def compiling(self) -> Any:
+        """The progress line while this call's program compiles."""
+        return compiling(f"{self.fun._name} ({self.keys.signature})", self.cfg.progress)
+
+    def compile_and_write(self, key: str, manifest: list[list[str]] | None, t_start: float, *,
+                          tier_up_candidate: bool) -> Any:
+        """Compile the lowered program and write it under ``key`` (``manifest`` None: keyed by
+        the lowered module); the callable executable."""
+        lowered = self.program.lower()
+        # The header's facts (the lowered module's digest, the noinline calls) are Python work
+        # XLA's compile does not wait on: computed on a thread while compile runs without the
+        # GIL (~0.05 s of the Lotka-Volterra fit's cold start off the critical path).
+        facts = threading.Thread(target=self._header_facts, name="kiln-header-facts",
+                                 daemon=True)
+        facts.start()
+        t0 = time.perf_counter()
+        try:
+            with self.compiling(), kiln_compiling():
+                compiled = _jax_compat.compile_to_store(lowered)
+        finally:
+            facts.join()
+        compile_s = time.perf_counter() - t0
+        total = time.perf_counter() - t_start
+        _stats.bump(misses=1, compiles=1, compile_seconds=total)
+        result, sections, mode = self._serialize(compiled)
+        if sections is None:
+            self._put_not_storable(key)
+            return result
+        header = self._header(mode, manifest, total, compile_s, *self.program.lowered_facts)
+        if tier_up_candidate:
+            header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
+        self.put(key, header, sections)
+        return result
+
+    def compile_inlined_and_write(self, key: str | None, *, fingerprinted: bool,
+                                  args: list[Any], t0: float) -> Any:
+        """Compile the program with its noinline calls inlined, and write it (header ``tier:
+        inlined``) under ``key``: the fingerprint key (``fingerprinted``: its manifest holds the
+        noinline functions' code too), or on the verify path the inlined module's key (None:
+        not written). ``args``: its abstract arguments. The callable executable."""
+        program = self.program
+        assert program.traced is not None  # internal invariant
+        inlined_lowered = program.lower_inlined(args)
+        want, got = arg_avals(program.traced), arg_avals(inlined_lowered)
+        if want != got:  # never swap in or store an executable of another signature
+            raise RuntimeError(f"inlined program takes {got}, the program {want}")
+        with kiln_compiling():
+            compiled = _jax_compat.with_out_tree(_jax_compat.compile_to_store(inlined_lowered),
+                                                 program.traced.out_tree)
+        seconds = time.perf_counter() - t0
+        _stats.bump(compiles=1, compile_seconds=seconds)
+        result, sections, mode = self._serialize(compiled)
+        if sections is None or key is None:
+            return result
+        manifest = None
+        if fingerprinted:
+            # the inlined executable also depends on the noinline functions' own code
+            codes = set(program.calls)
+            for _, sub_jaxpr in _noinline_p.calls_in(program.traced.jaxpr.jaxpr):
+                codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
+            manifest, reason = manifest_for(codes, self.keys.fp, program.imported,
+                                            program.reads, program.read_reason)
+            if reason is not None:
+                self.explain("tier-up", f"inlined program not stored: {reason}")
+                return result
+        # the digest of what was compiled: a warm process checks it (audit mode, callbacks
+        # rebuilt by tracing) against its own inlined lowering
+        header = self._header(mode, manifest, seconds, seconds, *program.inlined_facts)
+        header["tier"] = "inlined"
+        self.put(key, header, sections)
+        return result
+
+    def _header_facts(self) -> None:
+        try:
+            self.program.lowered_facts, self.program.called_names  # noqa: B018 - cached
+        except Exception:  # noqa: BLE001, S110 - raised again where the header reads them
+            pass
+
+    def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
+        """(the callable, its entry sections or None when it cannot be stored, callbacks mode).
+        Must run before the executable's first run (see ``serialize_compiled``)."""
+        static_out = self.program.static_out()
+        result = compiled if static_out is None else wrap_static_outputs(compiled, *static_out)
+        try:
+            inputs = self.program.input_objects()
+            sections, mode = _jax_compat.serialize_compiled(compiled, inputs)
+            if static_out is not None:
+                sections["static_out"] = _jax_compat.pickle_tree(static_out, inputs)
+        except _jax_compat.Unserializable as e:
+            self.explain("unstorable", f"executable not stored: {e}")
+            self.not_storable_reason = str(e)
+            self._not_stored(str(e))
+            return result, None, "none"
+        return result, sections, mode
+
+    def _put_not_storable(self, key: str) -> None:
+        """Under the key this process just compiled and could not store (while it still holds
+        the key's lease): a marker that lasts ``lease_seconds``. The processes waiting for the
+        entry read it and compile at once, together, instead of taking the key over one after
+        another (N waiters: N compiles in sequence; issue 24). Once it has expired a process
+        tries to store the executable again (another version of a library may manage)."""
+        now = time.time()
+        marker = {"kind": "not-storable", "function": f"{self.fun._module}.{self.fun._name}",
+                  "signature": self.keys.signature, "reason": self.not_storable_reason,
+                  "created": now, "expires": now + self.cfg.lease_seconds}
+        self.replace_keys.add(key)  # (an expired marker may be there: a remote put keeps it)
+        self.put(key, marker, {}, counted=False)
+
+    def _not_stored(self, reason: str) -> None:
+        """Never silent (issue 23): a function whose executable cannot be stored warns once per
+        process with the reason and what to do, and leaves a marker (kind ``unstorable``) that
+        ``kiln stats`` and ``kiln ls`` list."""
+        fun = self.fun
+        if getattr(fun, "_warned_not_stored", False):
+            return
+        fun._warned_not_stored = True  # type: ignore[attr-defined]
+        warnings.warn(
+            f"kiln: {fun._name}: its executable is not stored ({reason}), so every process "
+            f"compiles it again; {_advice(reason)}",
+            KilnWarning, stacklevel=user_stacklevel(),
+        )
+        function = f"{fun._module}.{fun._name}"
+        marker = {"kind": "unstorable", "function": function, "signature": self.keys.signature,
+                  "reason": reason, "created": time.time()}
+        key = make_key([("kind", "unstorable"), ("function", function)])
+        try:
+            self.store.put(key, encode({**marker, "key": key}, {},
+                                       signing_key=self.cfg.signing_key))
+        except (OSError, StoreError) as e:
+            store_fault(self.store, "write to", e, strict=self.cfg.strict)
+
+    def _header(
+        self, mode: str, manifest: list[list[str]] | None, total: float, compile_s: float,
+        lowered: str, lapack: bool,
+    ) -> dict[str, Any]:
+        """The header of an executable entry (``manifest`` None: keyed by the lowered module;
+        ``lowered``, ``lapack``: the facts of the module it was compiled from)."""
+        program = self.program
+        header: dict[str, Any] = {
+            "kind": "executable",
+            "function": f"{self.fun._module}.{self.fun._name}",
+            "signature": self.keys.signature,
+            "key_parts": [list(p) for p in self.keys.parts.parts],
+            "fp_parts": [list(p) for p in self.keys.fp.parts] if manifest is not None else [],
+            "manifest": manifest or [],
+            "callbacks": mode,
+            "lowered": lowered,
+            "lapack": lapack,
+            "compile_seconds": total,
+            "xla_compile_seconds": compile_s,
+            "trace_seconds": program.trace_seconds,
+            "created": time.time(),
+        }
+        if program.lower_warnings:
+            header["warnings"] = program.lower_warnings  # replayed by every load (the reader)
+        if program.called_names:
+            header["noinline"] = program.called_names  # for `kiln ls`: the noinline functions
+        return header
+
+    def put(self, key: str, header: dict[str, Any], sections: dict[str, bytes], *,
+            counted: bool = True) -> None:
+        """Write an entry (or a marker: ``sections`` empty) under ``key``."""
+        blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
+        write = self.store.put
+        if key in self.replace_keys:  # (a remote store's put keeps what it holds)
+            write = getattr(self.store, "replace", write)
+        try:
+            write(key, blob)
+        except RemoteSkipped:
+            return  # (a remote-only store skipped since its fault, warned about then)
+        except (OSError, StoreError) as e:
+            store_fault(self.store, "write to", e, strict=self.cfg.strict)
+            return
+        if counted:
+            _stats.bump(stores_written=1)
+        if header.get("kind") == "executable":
+            self.entries.append((self.store, key))
