@@ -46,8 +46,8 @@ from .._base._errors import StaticArgumentError
 from .._keys import _args
 from .._keys._args import ARRAY_TYPES as _ARRAY_TYPES
 from .._keys._args import STATIC_LEAF as _STATIC_LEAF
-from .._keys._fingerprint import script_module
 from .._keys._hashing import Unpersistable, ndarray_key, static_digest
+from .._keys._libraries import script_module
 from .._miss import _explain, _tier_up
 from .._miss._compile import (
     _abstract_sig,

@@ -36,8 +36,10 @@ from .._base._errors import (
     VerifyError,
 )
 from .._keys import _args
-from .._keys._fingerprint import TraceRecorder, check_manifest, fingerprint, manifest_for
+from .._keys._fingerprint import fingerprint
 from .._keys._key import environment_parts, make_key
+from .._keys._manifest import check_manifest, manifest_for
+from .._keys._recorder import TraceRecorder
 from .._travel._jax_cache import kiln_compiling
 from ..stores import (
     Held,
