@@ -20,7 +20,9 @@ import numpy as np
 import optax
 import pytest
 
-from kiln._keys._fingerprint import check_manifest, code_digest, fingerprint
+from kiln._keys._code import code_digest
+from kiln._keys._fingerprint import fingerprint
+from kiln._keys._manifest import check_manifest
 
 SCALE = 2.0
 
@@ -153,7 +155,7 @@ def test_code_digests_do_not_depend_on_the_hash_seed():
     hash seed: every process recompiled. Now two seeds give one digest."""
     prog = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from kiln._keys._fingerprint import code_digest\n"
+        "from kiln._keys._code import code_digest\n"
         "def f(x, mode='a'):\n"
         "    return x if mode in {'alpha', 'beta', 'gamma', 'delta', 'epsilon'} else -x\n"
         "print(code_digest(f.__code__))\n"
@@ -196,7 +198,7 @@ def test_manifest_module_items_import_and_compare(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import kiln_fp_lazy  # noqa: F401
 
-    from kiln._keys._fingerprint import _module_digest
+    from kiln._keys._manifest import _module_digest
 
     item = ["kiln_fp_lazy", "<module>", _module_digest(sys.modules["kiln_fp_lazy"], ["SCALE"]),
             "SCALE"]

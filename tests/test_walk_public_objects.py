@@ -52,6 +52,8 @@ LIBRARIES = [
 ]
 _PER_KIND = 2  # objects of each kind per library that also get a full kiln.jit call
 _KILN_DIR = os.path.dirname(os.path.realpath(kiln.__file__)) + os.sep
+# the modules of the walk (kiln._keys._fingerprint and what it calls)
+_WALK_FILES = ("_fingerprint.py", "_walker.py", "_code.py", "_libraries.py")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ def _frames(e: BaseException) -> str:
         return f"kiln/{os.path.relpath(os.path.realpath(fr.filename), _KILN_DIR)}:{fr.lineno} " \
                f"in {fr.name}"
 
-    walk = [fr for fr in ours if fr.filename.endswith("_fingerprint.py")]
+    walk = [fr for fr in ours if fr.filename.endswith(_WALK_FILES)]
     text = where(ours[-1])
     if walk and walk[-1] is not ours[-1]:
         text += f" (walk: {where(walk[-1])})"

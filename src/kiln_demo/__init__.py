@@ -5,7 +5,7 @@ Shipped with kiln, so that ``kiln demo`` works from an installed package; it nee
 runs ``lotka_volterra.py`` as a script in fresh processes.
 
 It is a package of its own, not ``kiln.demo``: kiln counts the code of its own files by kiln's
-version and never hashes it (``kiln._keys._fingerprint``), while this program must be hashed
+version and never hashes it (``kiln._keys._libraries``), while this program must be hashed
 like any user program, so that in a checkout an edit of it is never answered with a stale
 executable.
 """

@@ -40,7 +40,7 @@ from .._base import _jax_compat, _stats
 from .._base._config import Config
 from .._keys import _args
 from .._keys._args import STATIC_LEAF
-from .._keys._fingerprint import script_module
+from .._keys._libraries import script_module
 from .._miss import _explain, _tier_up
 from .._miss._call import Call
 from .._miss._compile import _Miss

@@ -6,7 +6,7 @@ that; the trace can. CPython's audit hooks (PEP 578, ``sys.addaudithook``) repor
 ``open`` (the builtin, ``io.open_code``, ``os.open``), ``os.listdir`` and ``os.scandir``
 (``glob``, ``pathlib.Path.iterdir`` and ``os.walk`` use them) before it happens. While kiln
 traces, a :class:`ReadRecorder` collects the events of the tracing thread only, and after the
-trace turns them into manifest items (:func:`kiln._keys._fingerprint.check_manifest` re-checks them
+trace turns them into manifest items (:func:`kiln._keys._manifest.check_manifest` re-checks them
 on a warm lookup):
 
 - ``[path, "<file>", digest, stat]``: a file the trace opened for reading, by the xxh3-128
@@ -40,14 +40,15 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import sysconfig
 import threading
 import time
 from typing import Any
 
 import xxhash
 
-__all__ = ["DIR", "FILE", "LIB_ROOTS", "ReadRecorder", "check_read"]
+from ._libraries import KILN_ROOT, LIB_ROOTS
+
+__all__ = ["DIR", "FILE", "ReadRecorder", "check_read"]
 
 FILE = "<file>"
 DIR = "<dir>"
@@ -65,15 +66,6 @@ _UNKEYABLE = {
     "os.spawn": "starts a process",
 }
 _WATCHED = _READS | frozenset(_UNKEYABLE)
-# installed code: the interpreter's stdlib and site-packages (libraries count by version)
-LIB_ROOTS = tuple(
-    os.path.realpath(p) + os.sep
-    for p in {
-        sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")
-    }
-    | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
-)
-_KILN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # src/kiln/
 # stdlib modules whose reads are never a program's input: source shown in a warning or a
 # traceback, and package metadata (importlib.metadata scans sys.path for distributions: what
 # kiln counts by version)
@@ -130,7 +122,7 @@ def _caller_is_machinery() -> bool:
                 name.endswith(_SOURCE_READERS) and name.startswith(LIB_ROOTS)):
             return True
         if not (name.startswith("<frozen ") or name.startswith(LIB_ROOTS)):
-            return name.startswith(_KILN_ROOT)
+            return name.startswith(KILN_ROOT)
         frame = frame.f_back
     return False
 

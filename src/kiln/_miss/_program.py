@@ -24,7 +24,7 @@ import jax
 
 from .._base import _gc, _jax_compat, _stats
 from .._base._config import Config
-from .._keys._fingerprint import TraceRecorder
+from .._keys._recorder import TraceRecorder
 from . import _noinline_p
 from ._outputs import Box, abstract_sig
 

@@ -14,7 +14,7 @@ from typing import Any
 from .._base import _jax_compat, _stats
 from .._base._config import Config
 from .._base._errors import EntryError, StoreError, StoreWarning, UnverifiableEntry, VerifyError
-from .._keys._fingerprint import check_manifest
+from .._keys._manifest import check_manifest
 from ..stores import Store, store_fault, user_stacklevel
 from ..stores._entry import Entry, decode, short_key
 from ._call import KilnFunction

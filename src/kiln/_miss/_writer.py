@@ -12,8 +12,8 @@ from typing import Any
 from .._base import _jax_compat, _stats
 from .._base._config import Config
 from .._base._errors import KilnWarning, StoreError
-from .._keys._fingerprint import manifest_for
 from .._keys._key import make_key
+from .._keys._manifest import manifest_for
 from .._travel._jax_cache import kiln_compiling
 from ..stores import RemoteSkipped, Store, store_fault, user_stacklevel
 from ..stores._entry import encode

@@ -1,0 +1,252 @@
+"""The manifest: what a cold trace used that the static walk could not see, re-checked on a
+warm start before an entry is used.
+
+Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
+
+- ``[module, qualname, digest]``: a user function that ran while tracing, by a full static walk
+  of it (:class:`kiln._keys._walker.Walker`);
+- ``[module, "<module>", digest, names]``: a user module imported while tracing, by the values
+  of the attributes ``names``;
+- ``[path, "<file>" | "<dir>", digest, stat]``: a file or directory the trace read
+  (:mod:`kiln._keys._reads`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from ._code import code_names
+from ._fingerprint import Fingerprint
+from ._hashing import Unpersistable
+from ._libraries import is_user_file, module_is_user
+from ._reads import DIR, FILE, check_read
+from ._walker import Walker, module_attr, walk_failure
+
+__all__ = ["check_manifest", "manifest_for"]
+
+
+def _module_names_by_file() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if f and name not in ("__mp_main__",):
+            out.setdefault(os.path.realpath(f), name)
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file:
+        out[os.path.realpath(main_file)] = "__main__"
+    return out
+
+
+
+def _resolve(module: str, qualname: str, namespaces: dict[str, Any] | None = None) -> Any:
+    """The object at ``module`` + ``qualname``; for ``a.<locals>.b`` the enclosing ``a``.
+
+    Decorated functions (``kiln.jit``, ``jax.jit``, ``functools.wraps``) resolve to the function
+    they wrap. A module not imported yet is imported (it is user code the program imports while
+    tracing). ``namespaces``: module name -> the globals the compiled function itself runs with
+    (for a function unpickled by value, not the module of that name in this process). Returns
+    None when nothing is found.
+    """
+    mod = namespaces.get(module) if namespaces else None
+    if mod is None:
+        mod = sys.modules.get(module)
+    if mod is None and module != "__main__":
+        try:
+            mod = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - a module that no longer imports: not found
+            return None
+    if mod is None:
+        return None
+    obj: Any = mod
+    for part in qualname.split(".<locals>.")[0].split("."):
+        obj = inspect.getattr_static(obj, part, None)
+        if isinstance(obj, staticmethod | classmethod):
+            obj = obj.__func__
+        if obj is None:
+            return None
+    if isinstance(obj, property):
+        obj = obj.fget
+    for _ in range(10):
+        if isinstance(obj, types.FunctionType | type):
+            break
+        wrapped = getattr(obj, "__wrapped__", None)
+        if wrapped is None:
+            break
+        obj = wrapped
+    return obj
+
+
+def _find_in_module(module: str, code: types.CodeType) -> str | None:
+    """Name of a module global function whose code is (or contains) ``code``: a module-level
+    lambda assigned to a name has qualname ``<lambda>``, which does not resolve."""
+    mod = sys.modules.get(module)
+    for name, v in sorted(vars(mod).items()) if mod is not None else ():
+        if isinstance(v, types.FunctionType) and _contains(v.__code__, code):
+            return name
+    return None
+
+
+def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
+    if outer is code:
+        return True
+    return any(isinstance(c, types.CodeType) and _contains(c, code) for c in outer.co_consts)
+
+
+def _function_digest(fn: types.FunctionType) -> str:
+    """Full static walk of one manifest function: code, defaults, closure, globals, helpers.
+
+    Raises:
+        Unpersistable: some part has no canonical digest (or the walk failed on it).
+    """
+    w = Walker()
+    try:
+        w.function(fn)
+        return w.sound_digest()
+    except Exception as e:  # noqa: BLE001 - never into the user's call
+        raise Unpersistable(walk_failure(e)) from None
+
+
+def manifest_for(
+    codes: set[types.CodeType],
+    fp: Fingerprint,
+    imported: tuple[str, ...] = (),
+    reads: Sequence[list[str]] = (),
+    read_reason: str | None = None,
+) -> tuple[list[list[str]], str | None]:
+    """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
+
+    - ``[module, qualname, digest]`` for each user function whose code is in ``codes`` (the
+      frames that emitted the program's equations, :func:`kiln._base._jax_compat.codes_in_jaxpr`,
+      and on Python 3.12+ every user function that ran, :class:`TraceRecorder`) and that the
+      walk did not cover;
+    - ``[module, "<module>", digest, names]`` for each user module in ``imported`` (imported
+      while tracing, so the walk before the trace could not see it): the attributes ``names``
+      that any walked code reads, by value;
+    - ``reads``: the files and directories the trace read (``[path, "<file>" | "<dir>",
+      digest, stat]``, :class:`kiln._keys._reads.ReadRecorder`), or ``read_reason`` why they cannot
+      be keyed.
+
+    Returns (items, reason): ``reason`` is not None when some of that code cannot be found
+    again by module + qualname, or some read cannot be keyed (the fingerprint is then
+    unsound).
+    """
+    if read_reason is not None:
+        return [], read_reason
+    covered = fp.codes
+    modules: list[list[str]] = []
+    names = set(fp.names)
+    for code in codes:
+        if is_user_file(code.co_filename):
+            names |= code_names(code)
+    for mname in sorted(imported):
+        mod = sys.modules.get(mname)
+        if mod is None or not module_is_user(mod):
+            continue
+        attrs = sorted(a for a in names if module_attr(mod, a, True)[0])
+        try:
+            modules.append([mname, "<module>", _module_digest(mod, attrs), ",".join(attrs)])
+        except Unpersistable as e:
+            return [], f"module {mname} (imported while tracing): {e}"
+    items: dict[tuple[str, str], str] = {}
+    by_file: dict[str, str] | None = None
+    for code in sorted(codes, key=lambda c: (c.co_filename, c.co_qualname)):
+        if code in covered or not is_user_file(code.co_filename) or code.co_name == "<module>":
+            continue
+        if code.co_filename.startswith("<"):
+            # code compiled from a string: a ``python -c`` / notebook function is found in
+            # __main__ by qualname; generated code (dataclass ``__init__`` in jax, ...) is
+            # derived from classes the walk covers by their own code, and is skipped
+            fn = _resolve("__main__", code.co_qualname)
+            if isinstance(fn, types.FunctionType) and _contains(fn.__code__, code):
+                items.setdefault(("__main__", fn.__qualname__), _function_digest(fn))
+            continue
+        if by_file is None:
+            by_file = _module_names_by_file()
+        module = by_file.get(os.path.realpath(code.co_filename))
+        if module is None:
+            return [], f"{code.co_qualname} ({code.co_filename}) is not in an imported module"
+        fn = _resolve(module, code.co_qualname)
+        if isinstance(fn, type):
+            continue  # a class body running at import: its attributes are walked by klass()
+        qualname = code.co_qualname
+        if not isinstance(fn, types.FunctionType) or not _contains(fn.__code__, code):
+            name = _find_in_module(module, code)
+            if name is None:
+                return [], f"{module}.{qualname} ran while tracing but cannot be found again"
+            fn, qualname = vars(sys.modules[module])[name], name
+        else:
+            qualname = fn.__qualname__
+        key = (module, qualname)
+        if key in items or fn.__code__ in covered:
+            continue
+        try:
+            items[key] = _function_digest(fn)
+        except Unpersistable as e:
+            return [], f"{module}.{qualname}: {e}"
+    return [[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads), None
+
+
+def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
+    """Digest of attributes ``attrs`` of user module ``mod``, by value (a full walk each).
+
+    Raises:
+        Unpersistable: some part has no canonical digest.
+    """
+    w = Walker()
+    w.add(f"module:{mod.__name__}", ",".join(attrs))
+    try:
+        for attr in attrs:
+            found, v = module_attr(mod, attr, True)
+            w.value(f"{mod.__name__}.{attr}", v if found else "<missing>")
+        return w.sound_digest()
+    except Exception as e:  # noqa: BLE001 - never into the user's call
+        raise Unpersistable(walk_failure(e)) from None
+
+
+def check_manifest(
+    items: list[list[str]], fun_globals: tuple[str, dict[str, Any]] | None = None
+) -> str | None:
+    """None if every manifest item still hashes the same, else a description of the first change.
+
+    A module item names a module the cold trace imported; one this process has not imported yet
+    is imported here (as the trace it replaces would have), so its values can be compared.
+    ``fun_globals``: (module name, globals) of the compiled function: names of that module are
+    looked up where the function itself looks them up (a function unpickled by value carries its
+    own globals, and this process's module of that name may not hold them).
+    """
+    namespaces = None
+    if fun_globals is not None:
+        namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])}
+    for module, qualname, digest, *rest in items:
+        if qualname in (FILE, DIR):
+            # a file or directory the cold trace read: ``module`` is its path
+            changed = check_read(module, qualname, digest, rest[0] if rest else "")
+            if changed is not None:
+                return changed
+            continue
+        if qualname == "<module>":
+            # a module the cold trace imported: import it now if this process has not
+            try:
+                mod = sys.modules.get(module) or importlib.import_module(module)
+                now = _module_digest(mod, rest[0].split(",") if rest and rest[0] else [])
+            except Exception as e:  # noqa: BLE001 - a module that no longer imports: stale
+                return f"module {module}: {type(e).__name__}: {e}"
+            if now != digest:
+                return f"values read from module {module} changed"
+            continue
+        fn = _resolve(module, qualname, namespaces)
+        if not isinstance(fn, types.FunctionType):
+            return f"{module}.{qualname} no longer exists"
+        try:
+            now = _function_digest(fn)
+        except Unpersistable as e:
+            return f"{module}.{qualname}: {e}"
+        if now != digest:
+            return f"code or globals of {module}.{qualname} changed"
+    return None

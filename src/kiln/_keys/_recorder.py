@@ -1,0 +1,119 @@
+"""Recording a cold trace: what it used that a static walk before it cannot predict.
+
+A :class:`TraceRecorder` around the trace collects the user modules imported while tracing, on
+Python 3.12+ the code of every function that ran (``sys.monitoring``), and the files and
+directories read (:mod:`kiln._keys._reads`); :func:`kiln._keys._manifest.manifest_for` turns
+them into manifest items.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from typing import Any
+
+from ._libraries import module_is_user
+from ._reads import ReadRecorder
+
+__all__ = ["TraceRecorder"]
+
+_monitoring: Any = getattr(sys, "monitoring", None)  # Python 3.12+
+_recorders: list[TraceRecorder] = []
+_tool_id: int | None = None
+_recorders_lock = threading.Lock()
+
+
+class TraceRecorder:
+    """Records what a cold trace used that a static walk before it cannot predict.
+
+    - ``imported``: user modules imported while tracing (``from mod import X`` inside the
+      function: before the trace ``mod`` is not even loaded);
+    - ``codes``: on Python 3.12+, the code of every function that ran in this thread while
+      tracing (``sys.monitoring`` PY_START, each code object reported once and then disabled,
+      which costs nothing measurable: a 3.5 s diffrax trace took no longer). Python 3.11 has
+      no such hook at a bearable price (``sys.setprofile`` added 60% to that trace), so there
+      the manifest holds the functions that emitted equations only.
+
+    - ``reads``: files this thread opened and directories it listed while tracing, as
+      manifest items (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed
+      (a socket, a pipe, a file that changed during the trace), else None.
+
+    Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
+    ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
+    module imported since (by a manifest check, say) was not seen by the walk either.
+    ``ignore``: directories whose files are not the program's inputs (kiln's store, JAX's
+    cache directory).
+    """
+
+    def __init__(self, modules_before: set[str] | None = None,
+                 ignore: tuple[str, ...] = ()) -> None:
+        self.codes: set[types.CodeType] = set()
+        self.imported: tuple[str, ...] = ()
+        self.reads: list[list[str]] = []
+        self.read_reason: str | None = None
+        self.thread = threading.get_ident()
+        self._before: set[str] = modules_before or set()
+        self._reads = ReadRecorder(ignore)
+
+    def __enter__(self) -> TraceRecorder:
+        self._before = self._before or set(sys.modules)
+        if _monitoring is not None:
+            with _recorders_lock:
+                if _start_monitoring():
+                    _recorders.append(self)
+        self._reads.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._reads.__exit__(*exc)
+        if exc[0] is None:
+            self.reads = self._reads.items()
+            self.read_reason = self._reads.unkeyable
+        if _monitoring is not None:
+            with _recorders_lock:
+                if self in _recorders:
+                    _recorders.remove(self)
+                if not _recorders:
+                    _stop_monitoring()
+        self.imported = tuple(sorted(
+            name for name, mod in list(sys.modules.items())
+            if name not in self._before and isinstance(mod, types.ModuleType)
+            and module_is_user(mod)
+        ))
+
+
+def _start_monitoring() -> bool:
+    """Switch PY_START events on for kiln's tool (a free ``sys.monitoring`` tool id)."""
+    global _tool_id
+    mon = _monitoring
+    if _tool_id is None:
+        for tid in range(6):  # ids 0-5; debuggers, coverage and profilers take fixed ones
+            if mon.get_tool(tid) is None:
+                mon.use_tool_id(tid, "kiln")
+                mon.register_callback(tid, mon.events.PY_START, _on_py_start)
+                _tool_id = tid
+                break
+        else:
+            return False
+    if not _recorders:
+        mon.restart_events()  # codes disabled by an earlier recording report again
+        mon.set_events(_tool_id, mon.events.PY_START)
+    return True
+
+
+def _stop_monitoring() -> None:
+    if _tool_id is not None:
+        _monitoring.set_events(_tool_id, 0)
+
+
+def _on_py_start(code: types.CodeType, offset: int) -> Any:
+    me = threading.get_ident()
+    seen = False
+    for r in list(_recorders):
+        if r.thread == me:
+            r.codes.add(code)
+            seen = True
+    # reported once per recording; another thread's code stays on (it may run here later)
+    return _monitoring.DISABLE if seen else None
+

@@ -1,0 +1,677 @@
+"""The static walk: a function's code and every value it reaches, as named digest parts.
+
+The walk hashes the function's code object (:mod:`kiln._keys._code`), its defaults, closure
+values and every module-level value its code names, recursing into user functions, user
+modules' attributes and user classes' methods. Values are hashed by value
+(:mod:`kiln._keys._hashing`); library code counts by the library's version
+(:mod:`kiln._keys._libraries`), what a library object holds by value.
+
+A value is walked by the method its exact type names in ``_WALK_EXACT`` (as ``_hashing`` encodes
+from its ``_EXACT`` table). A value of any other type goes down the fallbacks in order of
+precedence, the first that takes it walking it: ``_WALK_ISINSTANCE`` (subclasses of those types:
+a lazy module, a partial subclass, a class with a metaclass), then the ``try_walk_*`` methods
+of ``_TRY_WALKS`` (mappings, random generators, pytree nodes, custom derivatives, wrappers),
+then :meth:`Walker.walk_object`. ``walk_*`` methods always handle the value they are given;
+``try_walk_*`` methods return False when it is not theirs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import collections.abc
+import dataclasses
+import enum
+import functools
+import inspect
+import os
+import random
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import xxhash
+
+from .._base import _jax_compat
+from .._base._errors import StaticArgumentError
+from ._code import (
+    code_digest,
+    code_names,
+    hash_seed_fixed,
+    iterated_set_constant,
+    module_strings,
+    nested_codes,
+    order_is_stable,
+)
+from ._hashing import Unpersistable, static_digest
+from ._libraries import (
+    KILN_ROOT,
+    has_file,
+    is_user_class,
+    is_user_file,
+    library_version,
+    module_is_user,
+    script_module,
+)
+
+__all__ = ["Walker", "module_attr", "walk_failure"]
+
+_MAX_ITEMS = 5000
+# hashed by value wherever they occur (never "seen": equal values need not be one object)
+_SCALAR_TYPES = (type(None), bool, int, float, complex, str, bytes)
+_RNG_TYPES = (np.random.RandomState, np.random.Generator, random.Random)
+_PyTreeDef = type(jax.tree_util.tree_structure(0))
+
+
+class Walker:
+    """One static walk (see the module docstring for the rule it applies).
+
+    Objects that can hold or lead to other objects are visited once (by ``id``: a cycle ends,
+    a shared object is walked where it is first met); scalars are hashed wherever they occur,
+    so no part depends on whether two equal values happen to be one object.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, str]] = []
+        self.seen: set[int] = set()
+        self.codes: set[types.CodeType] = set()
+        self.reason: str | None = None
+        self.keep: list[Any] = []  # keep ids stable during the walk
+        self.modules: list[types.ModuleType] = []  # modules reached as values (user and library)
+        self.names: set[str] = set()  # every name any walked user code reads
+        self.in_library = 0  # > 0 while walking what a library object holds
+
+    def finish(self) -> None:
+        """Walk the attributes of every module reached (through a global, a closure, a default,
+        an argument...) that any walked code names: ``mod.SCALE`` wherever ``mod`` came from,
+        and ``jnp.tanh`` (a library name a patch may have replaced). Repeats until no new
+        module or name appears."""
+        done: set[tuple[str, str]] = set()
+        changed = True
+        while changed:
+            changed = False
+            for mod in list(self.modules):
+                user = module_is_user(mod)
+                for attr in sorted(self.names):
+                    if (mod.__name__, attr) in done:
+                        continue
+                    done.add((mod.__name__, attr))
+                    found, v = module_attr(mod, attr, user)
+                    if not found:
+                        continue
+                    changed = True
+                    if not user and not _has_code_or_name(v) and not is_user_class(type(v)):
+                        # library state (os.environ, jax.config, a registry): by value when it
+                        # has one, else by the library's version (README: what kiln cannot see)
+                        self.library_state(f"{mod.__name__}.{attr}", v)
+                    else:
+                        self.value(f"{mod.__name__}.{attr}", v, lenient=not user)
+
+    def add(self, name: str, digest: str) -> None:
+        self.parts.append((name, digest))
+
+    def digest(self) -> str:
+        """The digest of every part, in walk order."""
+        h = xxhash.xxh3_128()
+        for name, d in self.parts:
+            h.update(f"{name}\0{d}\n".encode())
+        return h.hexdigest()
+
+    def sound_digest(self) -> str:
+        """Finish the walk; the digest of all parts (manifest items).
+
+        Raises:
+            Unpersistable: some part has no canonical digest.
+        """
+        self.finish()
+        if self.reason is not None:
+            raise Unpersistable(self.reason)
+        return self.digest()
+
+    def unsound(self, what: str) -> None:
+        if self.reason is None:
+            self.reason = what
+
+    def value(self, name: str, v: Any, *, lenient: bool = False) -> None:
+        """Add ``v`` by value: what it is, and everything reachable from it.
+
+        ``lenient``: an opaque library object (no value digest, no state Python can see)
+        counts by its class name and library version instead of making the walk unsound.
+        """
+        tp = type(v)
+        if tp in _SCALAR_TYPES:
+            self.add(f"value:{name}", static_digest(v, argname=name))
+            return
+        if id(v) in self.seen:
+            return
+        if len(self.parts) > _MAX_ITEMS:
+            self.unsound(f"more than {_MAX_ITEMS} fingerprint parts (at {name})")
+            return
+        self.seen.add(id(v))
+        self.keep.append(v)
+        walk = _WALK_EXACT.get(tp)
+        if walk is None:
+            walk = next((w for t, w in _WALK_ISINSTANCE if isinstance(v, t)), None)
+        if walk is not None:
+            walk(self, name, v, lenient)
+            return
+        for try_walk in _TRY_WALKS:
+            if try_walk(self, name, v, lenient):
+                return
+        self.walk_object(name, v, lenient)
+
+    # ----------------------------------------------------------------------------------------
+    # walk_*: by type (_WALK_EXACT, _WALK_ISINSTANCE)
+    # ----------------------------------------------------------------------------------------
+    def walk_module(self, name: str, v: types.ModuleType, lenient: bool) -> None:
+        if module_is_user(v):
+            self.add(f"module:{name}", v.__name__)
+        else:
+            self.add(f"lib:{v.__name__}", library_version(v.__name__))
+        self.modules.append(v)  # its attributes named by any walked code: finish()
+
+    def walk_partial(self, name: str, v: functools.partial[Any], lenient: bool) -> None:
+        self.add(f"partial:{name}", "")
+        self.value(f"{name}.func", v.func)
+        for i, a in enumerate(v.args):
+            self.value(f"{name}.args[{i}]", a)
+        for k, a in sorted(v.keywords.items()):
+            self.value(f"{name}.keywords[{k!r}]", a)
+
+    def walk_method(self, name: str, v: types.MethodType, lenient: bool) -> None:
+        self.value(f"{name}.__func__", v.__func__)
+        self.value(f"{name}.__self__", v.__self__, lenient=lenient)
+
+    def walk_function(self, name: str, v: types.FunctionType, lenient: bool) -> None:
+        self.function(v)
+
+    def walk_class(self, name: str, v: type, lenient: bool) -> None:
+        self.klass(v)
+
+    def walk_builtin(self, name: str, v: types.BuiltinFunctionType, lenient: bool) -> None:
+        mod = getattr(v, "__module__", None) or "builtins"
+        self.add(f"lib:{mod}.{getattr(v, '__qualname__', v.__name__)}", library_version(mod))
+        owner = getattr(v, "__self__", None)
+        if owner is not None and not isinstance(owner, types.ModuleType | type):
+            self.value(f"{name}.__self__", owner, lenient=lenient)  # ``rng.normal``
+
+    def walk_sequence(self, name: str, v: tuple[Any, ...] | list[Any], lenient: bool) -> None:
+        self.add(f"container:{name}", f"{type(v).__name__}[{len(v)}]")
+        for i, item in enumerate(v):
+            self.value(f"{name}[{i}]", item)
+
+    def walk_dict(self, name: str, v: dict[Any, Any], lenient: bool) -> None:
+        # insertion order: code that iterates a dict sees it in that order
+        self.add(f"container:{name}", f"dict[{len(v)}]")
+        self.walk_items(name, v)
+
+    def walk_set(self, name: str, v: set[Any] | frozenset[Any], lenient: bool) -> None:
+        """A set: its elements, in the order code that iterates it would see them. That order
+        is the same in every process for numbers; for strings it changes with
+        ``PYTHONHASHSEED``, so without a fixed seed such a set cannot be keyed by value."""
+        if not order_is_stable(v) and not hash_seed_fixed():
+            if self.in_library:
+                # held by library code, whose iterating counts with its version: by content,
+                # or (objects with no value digest) by their classes and the library versions
+                try:
+                    self.add(f"value:{name}", static_digest(v, argname=name))
+                except (Unpersistable, StaticArgumentError, TypeError, ValueError):
+                    classes = sorted({f"{type(e).__module__}.{type(e).__qualname__}" for e in v})
+                    self.add(f"lib-state:{name}", ",".join(
+                        f"{c}={library_version(c)}" for c in classes))
+                return
+            self.unsound(
+                f"{name} is a set of strings or objects: the order code iterating it sees "
+                "changes with PYTHONHASHSEED (use a tuple, or set PYTHONHASHSEED)"
+            )
+            return
+        self.add(f"container:{name}", f"{type(v).__name__}[{len(v)}]")
+        for i, item in enumerate(v):
+            self.value(f"{name}<{i}>", item)
+
+    def walk_treedef(self, name: str, t: Any, lenient: bool) -> None:
+        """A pytree structure: node types, their registered flatten / unflatten functions and
+        aux data, node by node."""
+        data = t.node_data()
+        if data is None:
+            self.add(f"treedef:{name}", "*")
+            return
+        typ, aux = data
+        self.add(f"treedef:{name}", f"{typ.__module__}.{typ.__qualname__}/{t.num_leaves}")
+        self.klass(typ)
+        self.seen.discard(id(aux))
+        self.value(f"{name}.<aux>", aux)
+        for i, child in enumerate(t.children()):
+            self.walk_treedef(f"{name}/{i}", child, lenient)
+
+    def walk_rng(self, name: str, v: Any, lenient: bool) -> None:
+        # a random generator read while tracing (``np.random.randn`` building a constant):
+        # its state, so a different seed is a different program
+        state = v.getstate() if isinstance(v, random.Random) else (
+            v.get_state() if isinstance(v, np.random.RandomState) else v.bit_generator.state)
+        self.add(f"rng:{name}", static_digest(state, argname=name))
+
+    def walk_items(self, name: str, v: collections.abc.Mapping[Any, Any]) -> None:
+        """The keys and values of a mapping, in iteration order."""
+        for i, (k, item) in enumerate(v.items()):
+            self.value(f"{name}.<key {i}>", k)
+            self.value(f"{name}[{k!r}]" if type(k) in _SCALAR_TYPES else f"{name}[{i}]", item)
+
+    # ----------------------------------------------------------------------------------------
+    # try_walk_*: by what an object is or does (_TRY_WALKS, in order), then walk_object
+    # ----------------------------------------------------------------------------------------
+    def try_walk_mapping(self, name: str, v: Any, lenient: bool) -> bool:
+        """A dict subclass or an immutable mapping (FrozenDict, HashableMapping): in iteration
+        order, before the pytree fallback (FrozenDict's flatten sorts its keys); a class with
+        ``__kiln_digest__`` says itself what it is (:meth:`walk_object`)."""
+        if not (
+            isinstance(v, collections.abc.Mapping)
+            and (isinstance(v, dict) or type(v).__hash__ is not None)
+            and getattr(type(v), "__kiln_digest__", None) is None
+        ):
+            return False
+        cls = type(v)
+        self.klass(cls)
+        self.add(f"mapping:{name}", f"{cls.__module__}.{cls.__qualname__}[{len(v)}]")
+        if isinstance(v, collections.defaultdict):
+            self.value(f"{name}.default_factory", v.default_factory)
+        self.walk_items(name, v)
+        return True
+
+    def try_walk_rng(self, name: str, v: Any, lenient: bool) -> bool:
+        """An instance of a subclass of a random generator (``random.SystemRandom``)."""
+        if not isinstance(v, _RNG_TYPES):
+            return False
+        self.walk_rng(name, v, lenient)
+        return True
+
+    def try_walk_pytree(self, name: str, v: Any, lenient: bool) -> bool:
+        """Walk a registered pytree node (equinox Module, diffrax term, ...) one level down."""
+        if isinstance(v, jax.Array | np.ndarray | np.generic):
+            return False
+        if getattr(type(v), "_kiln_walk_wrapped", False):
+            return False  # kiln.noinline: its code (via __wrapped__), not its handle
+        if isinstance(v, types.GeneratorType | types.CoroutineType | types.AsyncGeneratorType):
+            return False  # (jax warns when asked to flatten one; it has no value: unsound)
+        try:
+            children, treedef = jax.tree_util.tree_flatten(v, is_leaf=lambda n: n is not v)
+        except Exception:  # noqa: BLE001 - exotic flatten failures: not a pytree for us
+            return False
+        data = treedef.node_data()  # type: ignore[attr-defined]
+        if data is None:
+            return False
+        typ, aux = data
+        if aux is v:
+            # jax.tree_util.register_static (an nnx GraphDef): the node is its own aux data,
+            # so it is walked as the object it is, field by field
+            return False
+        self.klass(typ)
+        self.add(f"pytree:{name}", f"{typ.__module__}.{typ.__qualname__}")
+        library = not is_user_class(typ)
+        self.in_library += library
+        try:
+            self.value(f"{name}.<aux>", aux)
+            for i, child in enumerate(children):
+                self.value(f"{name}.<child {i}>", child)
+        finally:
+            self.in_library -= library
+        return True
+
+    def try_walk_custom_derivatives(self, name: str, v: Any, lenient: bool) -> bool:
+        """A ``jax.custom_jvp`` / ``jax.custom_vjp``: its function and its rules."""
+        rules = [r for r in ("fun", "jvp", "fwd", "bwd") if callable(getattr(v, r, None))]
+        if not (rules and type(v).__name__ in ("custom_jvp", "custom_vjp")):
+            return False
+        self.add(f"custom:{name}", type(v).__name__)
+        for r in rules:
+            self.value(f"{name}.{r}", getattr(v, r))
+        return True
+
+    def try_walk_wrapper(self, name: str, v: Any, lenient: bool) -> bool:
+        """jax.jit / kiln.jit / functools.wraps objects: the wrapped function is what runs."""
+        wrapped = getattr(v, "__wrapped__", None)
+        if wrapped is None or not callable(v) or isinstance(v, type):
+            return False
+        self.add(f"wrapper:{name}", f"{type(v).__module__}.{type(v).__qualname__}")
+        self.value(f"{name}.__wrapped__", wrapped)
+        return True
+
+    def walk_object(self, name: str, v: Any, lenient: bool) -> None:
+        """Any other object: an annotation by its ``repr``, an enum member, dataclass or user
+        object by what it holds, else by its value digest; failing that a library object by
+        its class and state, or (``lenient``, or held by a library) by its class alone."""
+        cls = type(v)
+        user = is_user_class(cls)
+        if user:
+            self.klass(cls)  # a user dataclass / object: its methods and class constants too
+        if isinstance(v, types.UnionType | types.GenericAlias) or cls.__module__ == "typing":
+            self.add(f"typing:{name}", repr(v))  # an annotation: ``Event | None``
+            return
+        if getattr(cls, "__kiln_digest__", None) is None and self.try_walk_instance(name, v, user):
+            return
+        try:
+            self.add(f"value:{name}", static_digest(v, argname=name))
+        except (Unpersistable, TypeError, ValueError) as e:
+            if user:
+                self.unsound(f"{name}: {e}")
+            elif self.try_walk_library_object(name, v):
+                pass
+            elif lenient or self.in_library:
+                # an opaque object of a library class (a C object, a lock) held by library
+                # code or state: counted with that library, by class name and version
+                self.add(f"lib:{cls.__module__}.{cls.__qualname__}",
+                         library_version(cls.__module__))
+            else:
+                self.unsound(f"{name}: {e}")
+
+    def try_walk_instance(self, name: str, v: Any, user: bool) -> bool:
+        """An enum member, or a dataclass instance (user or library) or any user object with
+        plain state: what it is, and every value it holds by value (a function in a field by
+        its code, attributes set after ``__init__`` too). False for anything else."""
+        cls = type(v)
+        if isinstance(v, enum.Enum):
+            self.add(f"enum:{name}", f"{cls.__module__}.{cls.__qualname__}.{v.name}")
+            self.value(f"{name}.value", v.value)
+            return True
+        if not (user or dataclasses.is_dataclass(v)):
+            return False
+        if any(b.__module__ == "builtins" and b is not object for b in cls.__mro__):
+            return False  # a dict / list subclass: its items are not in its __dict__
+        state = getattr(v, "__dict__", None)
+        slots = [a for c in cls.__mro__ for a in getattr(c, "__slots__", ())
+                 if a not in ("__dict__", "__weakref__")]
+        if not isinstance(state, dict) and not slots:
+            return False
+        self.add(f"object:{name}", f"{cls.__module__}.{cls.__qualname__}")
+        items = sorted(state.items()) if isinstance(state, dict) else []
+        items += [(a, getattr(v, a)) for a in slots if hasattr(v, a)]
+        for attr, item in items:
+            self.value(f"{name}.{attr}", item)
+        return True
+
+    def try_walk_library_object(self, name: str, v: Any) -> bool:
+        """An instance of a library class with no value digest: what it is (its class, by
+        name and version) and the values it holds (its ``__dict__``, by value). False when it
+        holds nothing Python can see (a C object, a lock): the caller decides."""
+        cls = type(v)
+        state = getattr(v, "__dict__", None)
+        if not isinstance(state, dict) or cls.__module__.partition(".")[0] == "kiln":
+            # kiln's own objects say what they are through __kiln_digest__ or __wrapped__;
+            # their state (caches of compiled functions) is not what a program is built from
+            return False
+        self.add(f"lib-object:{name}", f"{cls.__module__}.{cls.__qualname__}="
+                 + library_version(cls.__module__))
+        self.in_library += 1
+        try:
+            for attr, item in sorted(state.items()):
+                self.value(f"{name}.{attr}", item)
+        finally:
+            self.in_library -= 1
+        return True
+
+    def library_state(self, name: str, v: Any) -> None:
+        """A module-level object of a library that is not code (``jnp.pi``, ``os.environ``)."""
+        if id(v) in self.seen:
+            return
+        self.seen.add(id(v))
+        self.keep.append(v)
+        try:
+            self.add(f"value:{name}", static_digest(v, argname=name))
+        except (Unpersistable, TypeError, ValueError):
+            cls = type(v)
+            self.add(f"lib-state:{name}", f"{cls.__module__}.{cls.__qualname__}="
+                     + library_version(cls.__module__))
+
+    # ----------------------------------------------------------------------------------------
+    # Code: classes, functions, what they close over and the globals they read
+    # ----------------------------------------------------------------------------------------
+    def klass(self, cls: type) -> None:
+        """A class: what it is and, for a user class, its methods and class variables; for a
+        pytree node type, the flatten / unflatten functions registered for it."""
+        mod = script_module(cls.__module__)
+        for i, fn in enumerate(_jax_compat.pytree_node_functions(cls)):
+            self.value(f"{mod}.{cls.__qualname__}.<pytree {i}>", fn)
+        if not has_file(cls) or not is_user_file(inspect.getfile(cls)):
+            # a library class (jnp.float32, optax.GradientTransformation): by name and version
+            self.add(f"lib:{mod}.{cls.__qualname__}", library_version(mod))
+            return
+        self.add(f"class:{mod}.{cls.__qualname__}", cls.__qualname__)
+        for base in (*cls.__mro__[1:], type(cls)):  # bases and the metaclass
+            if base not in (object, type) and id(base) not in self.seen:
+                self.seen.add(id(base))
+                self.klass(base)
+        for attr, member in sorted(vars(cls).items()):
+            if isinstance(member, staticmethod | classmethod):
+                member = member.__func__
+            if isinstance(member, property):
+                for accessor in (member.fget, member.fset, member.fdel):
+                    if isinstance(accessor, types.FunctionType):
+                        self.function(accessor)
+                continue
+            if isinstance(member, types.FunctionType):
+                self.function(member)  # every method, dunders too (__getitem__, __get__)
+            elif not (attr.startswith("_") and attr.endswith("_")):
+                # class constants and ClassVars (``Cfg.FACTOR``, enum members, frozensets,
+                # partials, modules): by value; what has no value digest makes the walk unsound
+                self.value(f"{mod}.{cls.__qualname__}.{attr}", member, lenient=True)
+
+    def function(self, fn: types.FunctionType) -> None:
+        """A function: a user function by its code, the globals it reads and what it holds;
+        a library function by :meth:`library_function`; kiln's own by what it holds."""
+        code = fn.__code__
+        mod = script_module(fn.__module__ or "<no module>")
+        if os.path.realpath(code.co_filename).startswith(KILN_ROOT):
+            # kiln's own wrappers (noinline's flat and derived functions): their code is
+            # covered by kiln's version; what they close over (the user's function, the
+            # pytree structure, batching axes) is walked
+            self.add(f"kiln:{fn.__qualname__}", "")
+            self.cells(f"{mod}.{fn.__qualname__}", fn)
+            return
+        if not is_user_file(code.co_filename):
+            self.library_function(fn)
+            return
+        qual = f"{mod}.{fn.__qualname__}"
+        for attr, item in sorted(vars(fn).items()):  # ``helper.K = 2.0`` set on the function
+            self.value(f"{qual}.{attr}", item)
+        if code not in self.codes:
+            # its nested functions (lambdas, local defs) too: their code is in this code's
+            # digest, the globals they read in its names, and what they close over in its cells
+            self.codes |= nested_codes(code)
+            self.names |= code_names(code)
+            self.add(f"code:{qual}", code_digest(code))
+            iterated = iterated_set_constant(code)
+            if iterated and not hash_seed_fixed():
+                self.unsound(f"{qual}: {iterated}, in an order that changes with PYTHONHASHSEED")
+            self.globals_of(code, fn.__globals__, qual)
+        # every function object: two closures of one factory share code, not cells
+        self.cells(qual, fn)
+
+    def cells(self, qual: str, fn: types.FunctionType) -> None:
+        """Defaults, keyword-only defaults and closure cells of ``fn``, by value.
+
+        A bare ``object()`` sentinel (``jax.vmap``'s "no axis name") has no value; it is
+        named by the global of ``fn``'s module that holds it, since code compares it by
+        identity with that global."""
+        values: list[tuple[str, Any]] = []
+        if fn.__defaults__:
+            values += [(f"{qual}.__defaults__[{i}]", d) for i, d in enumerate(fn.__defaults__)]
+        if fn.__kwdefaults__:
+            values += [(f"{qual}.__kwdefaults__[{k!r}]", d)
+                       for k, d in sorted(fn.__kwdefaults__.items())]
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+            try:
+                values.append((f"{qual}.<closure {var}>", cell.cell_contents))
+            except ValueError:  # empty cell
+                continue
+        for name, v in values:
+            where = _sentinel_name(fn.__globals__, v) if type(v) is object else None
+            if where is not None:
+                self.add(f"sentinel:{name}", where)
+            else:
+                self.value(name, v)
+
+    def library_function(self, fn: types.FunctionType) -> None:
+        """A function defined in an installed library: its code counts by the library's
+        version, but it is identified by module and qualified name, and what it holds counts
+        by value: closure cells (``optax.sgd(0.1)``'s learning rate, ``jax.grad(f)``'s ``f``),
+        defaults and ``__wrapped__``. A function that its name does not import back to (made
+        by a factory, or renamed by ``functools.wraps``) is also identified by its code."""
+        code = fn.__code__
+        module = fn.__globals__.get("__name__") or fn.__module__ or "?"
+        ident = f"{module}.{code.co_qualname}"
+        self.add(f"lib:{ident}", library_version(module))
+        if _resolve_name(module, code.co_qualname) is not fn:
+            self.add(f"lib-code:{ident}", code_digest(code))
+        self.in_library += 1
+        try:
+            self.cells(ident, fn)
+            wrapped = getattr(fn, "__wrapped__", None)
+            if wrapped is not None:
+                self.value(f"{ident}.__wrapped__", wrapped)
+        finally:
+            self.in_library -= 1
+
+    def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
+        """The globals ``code`` names (in ``g``, else an imported user module or a builtin),
+        and the attributes it names of the user modules among them."""
+        names = code_names(code)
+        modname = script_module(g.get("__name__", "?"))
+        modules = []
+        for name in sorted(names | module_strings(code)):
+            if name in g:
+                v = g[name]
+                self.value(f"{modname}.{name}", v)
+                if isinstance(v, types.ModuleType) and module_is_user(v):
+                    modules.append(v)
+            elif name in sys.modules and module_is_user(sys.modules[name]):
+                # ``import helper`` / ``from helper import h`` inside the function body, or
+                # ``importlib.import_module("helper")``
+                modules.append(sys.modules[name])
+                self.add(f"module:{name}", name)
+                self.modules.append(sys.modules[name])
+            elif name in _BUILTINS:
+                v = _BUILTINS[name]
+                if v is _ORIGINAL_BUILTINS.get(name, _BUILTINS):
+                    self.add(f"lib:builtins.{name}", library_version("builtins"))
+                else:
+                    self.value(f"builtins.{name}", v)  # a patched builtin: by what it is now
+        done: set[str] = set()
+        while modules:
+            mod = modules.pop(0)
+            if mod.__name__ in done:
+                continue
+            done.add(mod.__name__)
+            for attr in sorted(names):
+                found, v = module_attr(mod, attr, True)
+                if found:
+                    self.value(f"{mod.__name__}.{attr}", v)
+                    if isinstance(v, types.ModuleType) and module_is_user(v):
+                        modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
+
+
+_Walk = Callable[[Walker, str, Any, bool], None]
+_TryWalk = Callable[[Walker, str, Any, bool], bool]
+
+_WALK_EXACT: dict[type, _Walk] = {
+    types.ModuleType: Walker.walk_module,
+    functools.partial: Walker.walk_partial,
+    types.MethodType: Walker.walk_method,
+    types.FunctionType: Walker.walk_function,
+    type: Walker.walk_class,
+    types.BuiltinFunctionType: Walker.walk_builtin,  # (the type of builtin methods too)
+    tuple: Walker.walk_sequence,
+    list: Walker.walk_sequence,
+    dict: Walker.walk_dict,
+    set: Walker.walk_set,
+    frozenset: Walker.walk_set,
+    _PyTreeDef: Walker.walk_treedef,
+    **dict.fromkeys(_RNG_TYPES, Walker.walk_rng),
+}
+# A value of any other type, in order: an instance of a subclass of one of these (a tuple,
+# list, dict or set subclass is none of them: it is a mapping, a pytree node or an object), ...
+_WALK_ISINSTANCE: tuple[tuple[type, _Walk], ...] = (
+    (types.ModuleType, Walker.walk_module),
+    (functools.partial, Walker.walk_partial),
+    (types.MethodType, Walker.walk_method),
+    (types.FunctionType, Walker.walk_function),
+    (type, Walker.walk_class),
+    (types.BuiltinFunctionType, Walker.walk_builtin),
+    (_PyTreeDef, Walker.walk_treedef),
+)
+# ... then the first of these that takes it, else Walker.walk_object
+_TRY_WALKS: tuple[_TryWalk, ...] = (
+    Walker.try_walk_mapping,
+    Walker.try_walk_rng,
+    Walker.try_walk_pytree,
+    Walker.try_walk_custom_derivatives,
+    Walker.try_walk_wrapper,
+)
+
+_BUILTINS = vars(builtins)
+_ORIGINAL_BUILTINS = dict(_BUILTINS)  # as at import: a later assignment is a patch
+
+
+def _has_code_or_name(v: Any) -> bool:
+    """Functions, classes, modules, partials, custom_jvp and jitted wrappers: what the walk
+    follows into; anything else in a library module is that library's state."""
+    return (
+        isinstance(v, types.FunctionType | types.BuiltinFunctionType | types.MethodType | type
+                   | types.ModuleType | functools.partial)
+        or (callable(v) and (getattr(v, "__wrapped__", None) is not None
+                             or type(v).__name__ in ("custom_jvp", "custom_vjp")))
+        or isinstance(v, _RNG_TYPES)
+    )
+
+
+_SENTINELS: dict[int, tuple[object, str]] = {}
+
+
+def _sentinel_name(g: dict[str, Any], v: object) -> str | None:
+    """``module.name`` of the global holding sentinel ``v``: in the module of globals ``g``, or
+    one module further (``core.no_axis_name`` read by ``jax.vmap``). None when not found."""
+    known = _SENTINELS.get(id(v))
+    if known is not None and known[0] is v:
+        return known[1]
+    spaces = [g] + [vars(m) for m in list(g.values()) if isinstance(m, types.ModuleType)]
+    for space in spaces:
+        for k, item in list(space.items()):
+            if item is v:
+                where = f"{space.get('__name__')}.{k}"
+                _SENTINELS[id(v)] = (v, where)  # holds v: the id is never reused
+                return where
+    return None
+
+
+def module_attr(mod: types.ModuleType, attr: str, user: bool) -> tuple[bool, Any]:
+    """``(True, value)`` of attribute ``attr`` of ``mod``, looked up as code reading
+    ``mod.attr`` would: its globals, then (user modules only) a module ``__getattr__``
+    (PEP 562). ``(False, None)`` when there is no such attribute."""
+    d = vars(mod)
+    if attr in d:
+        return True, d[attr]
+    if user and callable(d.get("__getattr__")):
+        try:
+            return True, getattr(mod, attr)
+        except Exception:  # noqa: BLE001 - AttributeError or the hook failing: not there
+            return False, None
+    return False, None
+
+
+def _resolve_name(module: str, qualname: str) -> Any:
+    """The object that ``module`` + ``qualname`` names now, or None."""
+    obj: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None or part == "<locals>":
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def walk_failure(e: BaseException) -> str:
+    """The reason a walk that raised gives (an object kiln has no rule for): the verify path."""
+    if isinstance(e, Unpersistable):
+        return str(e)
+    return f"the fingerprint walk failed ({type(e).__name__}: {e})"
