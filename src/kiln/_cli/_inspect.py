@@ -23,8 +23,8 @@ __all__ = ["register"]
 #: Wall clock for ages in ``kiln ls`` (tests replace it).
 _clock: Callable[[], float] = time.time
 
-# entries that hold no executable: a marker ("this fingerprint needs the verify path", "this
-# function's executable cannot be stored", with the reason), or a header that does not read
+# the kinds of entry with no executable behind them, only a marker: "this fingerprint needs
+# the verify path", or "this function's executable cannot be stored" (with the reason)
 _MARKERS = ("verify-only", "unstorable", "not-storable")
 
 

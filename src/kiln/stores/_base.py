@@ -147,7 +147,7 @@ class Checkable(Protocol):
     writable by others, a bucket that does not exist)."""
 
     def check(self) -> None:
-        """Return if the store may be used.
+        """Return when the store may be used; raise when kiln would refuse it.
 
         Raises:
             StoreError: it would be refused; the message says why and what to do.

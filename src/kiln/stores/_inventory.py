@@ -1,6 +1,6 @@
-"""What is in a store, for the tools that look after it (``kiln verify``, ``prune``, ``clear``,
-``stats``, and bundles): reading an entry without marking it used, entry sizes, writers' temp
-files, strays, verifying every entry, pruning, and deleting every entry and stray.
+"""What is in a store, for the tools that look after it (``kiln ls``, ``stats``, ``verify``,
+``prune``, ``clear``; bundles): reading an entry without marking it used, entry sizes, writers'
+temp files, strays, verifying every entry, pruning, and deleting every entry and stray.
 
 Nothing here prints: each function returns what it did, and the command line says it.
 """
