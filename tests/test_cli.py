@@ -17,8 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 import kiln
-from kiln import _cli
-from kiln._cli import main
+from kiln._cli import _demo, _inspect, _render, main
 from kiln.stores import LocalStore
 from kiln.stores._entry import encode
 
@@ -86,7 +85,7 @@ def _ls_json(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
      (5 * 1024**2, "5.0 MiB"), (3 * 1024**3 // 2, "1.5 GiB")],
 )
 def test_human_size(n: int, text: str) -> None:
-    assert _cli._human_size(n) == text
+    assert _render.human_size(n) == text
 
 
 @pytest.mark.parametrize(
@@ -95,7 +94,7 @@ def test_human_size(n: int, text: str) -> None:
      (3 * 86400 + 5, "3 d ago")],
 )
 def test_ago(seconds: float, text: str) -> None:
-    assert _cli._ago(seconds) == text
+    assert _render.ago(seconds) == text
 
 
 # -- usage ----------------------------------------------------------------------------------------
@@ -151,7 +150,7 @@ def test_ls_table(
     filled: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows = _ls_json(capsys)
-    monkeypatch.setattr(_cli, "_clock", lambda: time.time() + 7200)
+    monkeypatch.setattr(_inspect, "_clock", lambda: time.time() + 7200)
     code, out, err = _run(["ls"], capsys)
     assert code == 0 and err == ""
     lines = out.splitlines()
@@ -163,7 +162,7 @@ def test_ls_table(
         assert re.split(r"\s{2,}", line.strip()) == [
             row["function"],
             row["signature"],
-            _cli._human_size(row["size"]),
+            _render.human_size(row["size"]),
             "2 h ago",
             "2 h ago",
             f"{row['compile_seconds']:.2f}",
@@ -213,12 +212,12 @@ def test_cli_warnings_read_as_the_cli_s_own(
             warnings.warn("a user's own warning", UserWarning, stacklevel=1)
         return 0
 
-    parser_func = _cli._cmd_stats
+    parser_func = _inspect._cmd_stats
     try:
-        _cli._cmd_stats = warn  # the verb's function, as argparse calls it
+        _inspect._cmd_stats = warn  # the verb's function, as argparse calls it
         code, _, err = _run(["--cache-dir", str(tmp_path / "s"), "stats"], capsys)
     finally:
-        _cli._cmd_stats = parser_func
+        _inspect._cmd_stats = parser_func
     assert code == 0
     assert "kiln: warning: store /x is full; entries compiled here are not stored\n" in err
     assert "StoreWarning" not in err
@@ -281,10 +280,10 @@ def test_ls_unreadable_and_verify_only(filled: Path, capsys: pytest.CaptureFixtu
     code, out, _ = _run(["ls"], capsys)
     assert code == 0
     fields = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()]
-    assert ["-", "-", _cli._human_size(rows[old_marker_key]["size"])] == fields[1][:3]
+    assert ["-", "-", _render.human_size(rows[old_marker_key]["size"])] == fields[1][:3]
     assert ["<unreadable>", "-", "19 B"] == fields[2][:3]
     assert fields[2][-1] == "cdcdcdcdcdcd"
-    assert ["m.f", "-", _cli._human_size(rows[marker_key]["size"])] == fields[3][:3]
+    assert ["m.f", "-", _render.human_size(rows[marker_key]["size"])] == fields[3][:3]
     code, out, _ = _run(["stats", "--json"], capsys)
     data = json.loads(out)
     assert (data["entries"], data["verify_only_markers"], data["unreadable"]) == (6, 2, 1)
@@ -318,7 +317,7 @@ def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert out.splitlines() == [
         f"store: {filled}",
         "entries: 3",
-        f"size: {_cli._human_size(total)} ({total} bytes)",
+        f"size: {_render.human_size(total)} ({total} bytes)",
         f"compile seconds stored: {data['compile_seconds']:.2f}",
         "machine kinds (entries each):",
         f"  3  {kiln._keys._key.machine()}",
@@ -406,7 +405,7 @@ def test_prune_dry_run_deletes_nothing(filled: Path, capsys: pytest.CaptureFixtu
     code, out, _ = _run(["prune", "--max-size", "0", "--dry-run"], capsys)
     assert code == 0
     assert out == (
-        f"would remove 3 entries ({_cli._human_size(total)}); "
+        f"would remove 3 entries ({_render.human_size(total)}); "
         f"0 entries (0 B) would remain in {filled}\n"
     )
     assert len(_entry_files(filled)) == 3
@@ -422,8 +421,8 @@ def test_prune_evicts_least_recently_used(
     code, out, _ = _run(["prune", "--max-size", str(keep)], capsys)
     assert code == 0
     assert out == (
-        f"removed 1 entry ({_cli._human_size(oldest['size'])}); "
-        f"2 entries ({_cli._human_size(keep)}) remain in {filled}\n"
+        f"removed 1 entry ({_render.human_size(oldest['size'])}); "
+        f"2 entries ({_render.human_size(keep)}) remain in {filled}\n"
     )
     assert {p.stem for p in _entry_files(filled)} == {r["key"] for r in rows} - {oldest["key"]}
     # Already under the cap: nothing to do.
@@ -454,7 +453,7 @@ def test_clear_needs_yes(filled: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 def test_clear_dry_run_and_yes(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
     total = sum(r["size"] for r in _ls_json(capsys))
-    size = _cli._human_size(total)
+    size = _render.human_size(total)
     assert _run(["clear", "--dry-run"], capsys) == (
         0, f"would remove 3 entries ({size}) from {filled}\n", ""
     )
@@ -694,7 +693,7 @@ def test_demo_missing_script(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_demo_default_script_is_the_shipped_program() -> None:
     import kiln_demo
 
-    path = _cli._default_demo_script()
+    path = _demo._default_demo_script()
     assert path == Path(kiln_demo.__file__).parent / "lotka_volterra.py" and path.is_file()
     assert (path.parent / "hudson_bay.csv").is_file()
 

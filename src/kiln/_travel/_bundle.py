@@ -57,10 +57,11 @@ from .._keys._key import environment_parts
 from ..stores import Store, open_store
 from ..stores._base import read_header
 from ..stores._entry import decode, digest, short_key
+from ..stores._inventory import peek
 
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "Exported", "ImportReport", "ImportedEntry", "decode_bundle",
-    "encode_bundle", "export_entries", "import_entries", "write_bundle",
+    "encode_bundle", "export_entries", "import_entries", "recorded_parts", "write_bundle",
 ]
 
 logger = logging.getLogger("kiln")
@@ -186,12 +187,6 @@ def _matches(function: Any, names: list[str]) -> bool:
     return function in names or head.rpartition(".")[2] + bracket + rest in names
 
 
-def _read(store: Store, key: str) -> bytes | None:
-    """The blob under ``key`` without marking it used where the store allows (local)."""
-    peek = getattr(store, "peek", None)
-    return peek(key) if peek is not None else store.get(key)
-
-
 def _environment() -> dict[str, str]:
     """This process's key parts in :data:`_CHECKED` (versions, backend, devices)."""
     parts = dict(environment_parts())
@@ -233,7 +228,7 @@ def write_bundle(
     skipped: list[tuple[str, str]] = []
     for key in sorted(store.iter()):
         try:
-            blob = _read(store, key)
+            blob = peek(store, key)
         except ValueError:  # a file in the store that is not named like a key
             continue
         except OSError as e:
@@ -385,16 +380,25 @@ class ImportReport:
         return tuple(e for e in self.entries if e.status == "skipped")
 
 
-def _unfit(header: dict[str, Any], here: dict[str, str]) -> str | None:
-    """Why an entry's environment is not this process's, or ``None``: its key parts (a kiln
-    executable), or the versions a header records itself (a JAX-cache entry)."""
+def recorded_parts(header: dict[str, Any]) -> dict[str, Any]:
+    """The key parts an entry was built under, by name: its ``key_parts`` (a kiln executable),
+    and the ``kiln``, ``jax``, ``jaxlib`` and ``machine`` its header records itself where the
+    key parts do not name them (a JAX-cache value). An entry written before machine kinds
+    (issue 26) names no ``machine``."""
     recorded: dict[str, Any] = {
         p[0]: p[1] for p in header.get("key_parts") or []
-        if isinstance(p, list | tuple) and len(p) == 2
+        if isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str)
     }
     for name in ("kiln", "jax", "jaxlib", "machine"):
         if name not in recorded and isinstance(header.get(name), str):
             recorded[name] = header[name]
+    return recorded
+
+
+def _unfit(header: dict[str, Any], here: dict[str, str]) -> str | None:
+    """Why an entry's environment is not this process's, or ``None``: its
+    :func:`recorded_parts` that differ from ``here``."""
+    recorded = recorded_parts(header)
     differ = [f"{label} {recorded[name]} (here {here[name]})" for name, label in _CHECKED.items()
               if name in recorded and recorded[name] != here[name]]
     return "built for " + ", ".join(differ) if differ else None
@@ -474,7 +478,7 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
 def _holds(store: Store, key: str, blob: bytes, signing_key: str | None) -> bool:
     """Whether the store already has a valid entry under ``key`` (a bad one is replaced)."""
     try:
-        existing = _read(store, key)
+        existing = peek(store, key)
     except OSError:
         return False
     if existing is None:

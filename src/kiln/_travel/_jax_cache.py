@@ -53,6 +53,7 @@ from ..stores import (
     Held,
     Leasable,
     RemoteSkipped,
+    Replaceable,
     await_or_lease,
     open_store,
     reporting,
@@ -300,7 +301,7 @@ def _write(jax_key: str, value: bytes) -> None:
         "created": time.time(),
     }
     replace = key in _unusable  # (a remote store's put keeps what it holds)
-    write = getattr(store, "replace", store.put) if replace else store.put
+    write = store.replace if replace and isinstance(store, Replaceable) else store.put
     try:
         write(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
     except RemoteSkipped:

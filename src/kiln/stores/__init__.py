@@ -9,9 +9,15 @@ from typing import Any
 
 from .._base._config import Config
 from .._base._errors import ConfigError, StoreError, StoreWarning
+from ._base import Checkable as Checkable
+from ._base import Counting as Counting
 from ._base import EntryStat as EntryStat
 from ._base import Leasable as Leasable
 from ._base import Lease as Lease
+from ._base import Maintainable as Maintainable
+from ._base import Peekable as Peekable
+from ._base import Prunable as Prunable
+from ._base import Replaceable as Replaceable
 from ._base import Store as Store
 from ._faults import reporter
 from ._faults import reporting as reporting
@@ -28,8 +34,9 @@ from ._local import LocalStore as LocalStore
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
-__all__ = ["EntryStat", "Flight", "Held", "LayeredStore", "Leasable", "Lease", "LocalStore",
-           "MemoryStore", "NullStore", "RemoteSkipped", "Store", "await_or_lease", "open_store",
+__all__ = ["Checkable", "Counting", "EntryStat", "Flight", "Held", "LayeredStore", "Leasable",
+           "Lease", "LocalStore", "Maintainable", "MemoryStore", "NullStore", "Peekable",
+           "Prunable", "RemoteSkipped", "Replaceable", "Store", "await_or_lease", "open_store",
            "reporting", "store_fault", "user_stacklevel", "wait_for_uploads"]
 
 _cache: dict[tuple[Any, ...], Store] = {}

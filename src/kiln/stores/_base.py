@@ -1,15 +1,19 @@
-"""The store protocol every backend implements (get / put / delete / iterate / stat)."""
+"""The store protocol every backend implements (get / put / delete / iterate / stat), and the
+capabilities some backends add (:class:`Leasable`, :class:`Peekable`, :class:`Replaceable`,
+:class:`Prunable`, :class:`Checkable`, :class:`Maintainable`, :class:`Counting`): callers ask
+``isinstance(store, Peekable)``, never ``getattr(store, "peek", None)``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .._base._errors import EntryError
 from ._entry import peek_header
 
-__all__ = ["EntryStat", "Lease", "Leasable", "Store", "read_header"]
+__all__ = ["Checkable", "Counting", "EntryStat", "Leasable", "Lease", "Maintainable", "Peekable",
+           "Prunable", "Replaceable", "Store", "read_header"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,102 @@ class Leasable(Protocol):
 
     def lease(self, key: str, seconds: float) -> Lease:
         """A lease on ``key`` lasting ``seconds`` unless renewed (not yet acquired)."""
+        ...
+
+
+@runtime_checkable
+class Peekable(Protocol):
+    """A store that can read an entry without marking it used (audits, exports: the LRU order
+    stays the programs' own)."""
+
+    def peek(self, key: str) -> bytes | None:
+        """The blob stored under ``key``, or ``None``, its last use left as it was."""
+        ...
+
+
+@runtime_checkable
+class Replaceable(Protocol):
+    """A store whose ``put`` keeps what it holds (create-only: Redis ``SET NX``, an object
+    store's ``If-None-Match: *``) and that can also overwrite, for an entry that failed
+    verification."""
+
+    def replace(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``, replacing what is there."""
+        ...
+
+
+@runtime_checkable
+class Prunable(Protocol):
+    """A store that keeps a last-use order and can evict by it (``kiln prune``)."""
+
+    def prune(self, max_size: int, *, dry_run: bool = False) -> list[str]:
+        """Evict least recently used entries until the store holds at most ``max_size`` bytes.
+
+        Args:
+            max_size: bytes the store may hold afterwards.
+            dry_run: only say which entries would go.
+
+        Returns:
+            The evicted keys (or those that would be, with ``dry_run``), oldest use first.
+        """
+        ...
+
+
+@runtime_checkable
+class Checkable(Protocol):
+    """A store that can tell, before it is used, that kiln would refuse it (a local directory
+    writable by others, a bucket that does not exist)."""
+
+    def check(self) -> None:
+        """Return when the store may be used; raise when kiln would refuse it.
+
+        Raises:
+            StoreError: it would be refused; the message says why and what to do.
+            OSError: the store did not answer.
+        """
+        ...
+
+
+@runtime_checkable
+class Maintainable(Protocol):
+    """A store that can hold things that are not entries (strays: a file not named like a key,
+    a folder where an entry should be, a foreign Redis key under its prefix) and writers' temp
+    files, and can list and remove them (``kiln verify``, ``kiln stats``, ``kiln clear``)."""
+
+    def strays(self) -> Sequence[Any]:
+        """What is in the store and is neither an entry nor a temp file: each ``str()`` names
+        it and ``is_dir()`` says whether it is a folder."""
+        ...
+
+    def remove_stray(self, path: Any) -> None:
+        """Delete one of :meth:`strays` (a folder with what it holds).
+
+        Raises:
+            ValueError: ``path`` is not in this store.
+            OSError: it could not be removed.
+        """
+        ...
+
+    def temp_files(self) -> Sequence[Any]:
+        """Writers' temp files (in progress, or left by killed writers), each with ``stat()``."""
+        ...
+
+
+@runtime_checkable
+class Counting(Protocol):
+    """A store that keeps counters processes add at exit (a fleet's hits, misses, remote
+    faults and lease waits, for ``kiln stats``)."""
+
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Add ``counts`` to the store's counters.
+
+        Raises:
+            OSError: the store cannot be written.
+        """
+        ...
+
+    def counts(self) -> dict[str, int]:
+        """The counters added so far, by name."""
         ...
 
 

@@ -43,7 +43,8 @@ from typing import Any, TypeVar
 
 from .._base import _stats
 from .._base._errors import StoreError, StoreWarning
-from ._base import EntryStat, Leasable, Lease, Store
+from . import _inventory
+from ._base import Counting, EntryStat, Leasable, Lease, Replaceable, Store
 from ._entry import short_key
 from ._faults import store_fault
 
@@ -194,10 +195,10 @@ class LayeredStore:
 
     def peek(self, key: str) -> bytes | None:
         if self.local is not None:
-            blob = getattr(self.local, "peek", self.local.get)(key)
+            blob = _inventory.peek(self.local, key)
             if blob is not None:
                 return blob
-        blob = self._remote("read", getattr(self.remote, "peek", self.remote.get), key)
+        blob = self._remote("read", _inventory.peek, self.remote, key)
         return None if blob is _SKIPPED else blob
 
     def put(self, key: str, data: bytes) -> None:
@@ -217,7 +218,8 @@ class LayeredStore:
             except (OSError, StoreError) as e:
                 local_error = e
         if not self.read_only:
-            write = (getattr(self.remote, "replace", None) if replace else None) or self.remote.put
+            write = (self.remote.replace if replace and isinstance(self.remote, Replaceable)
+                     else self.remote.put)
             if self.local is None or local_error is not None:
                 # nothing local serves the entry meanwhile: upload now
                 if self._remote("write to", write, key, data, write=True) is _SKIPPED:
@@ -358,12 +360,11 @@ class LayeredStore:
         if not any(counts.values()):
             return
         for store in (self.local, self.remote):
-            add = getattr(store, "add_counts", None)
-            if add is None or (store is self.remote and (self.dead or self.unwritable
-                                                          or self.read_only)):
+            if not isinstance(store, Counting) or (
+                    store is self.remote and (self.dead or self.unwritable or self.read_only)):
                 continue
             with contextlib.suppress(Exception):
-                _call_bounded(add, (counts,), min(timeout, self.timeout))
+                _call_bounded(store.add_counts, (counts,), min(timeout, self.timeout))
 
 
 #: The counters a layered store records in its stores (``kiln stats`` shows them).

@@ -313,6 +313,10 @@ class RedisStore:
         with self._errors("delete from"):
             self._redis.delete(str(path))
 
+    def temp_files(self) -> list[str]:
+        """None: Redis takes each value whole in one command, so no write leaves a temp file."""
+        return []
+
     def iter(self) -> Iterator[str]:
         """Keys of all entries (``SCAN``; an entry written or evicted meanwhile may or may not
         appear, none appears twice)."""

@@ -1,0 +1,39 @@
+"""What the verbs share: how one fails, the process settings it runs under, the store it works
+on."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from .. import stores
+from .._base import _config
+from ..stores import Checkable, Store
+
+__all__ = ["Failure", "configured", "open_store"]
+
+
+class Failure(Exception):
+    """A verb failed: print ``error: <message>`` and exit with ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def configured(**settings: Any) -> contextlib.AbstractContextManager[None]:
+    """Process-wide settings for the duration of a verb, restored afterwards (so calling
+    :func:`kiln._cli.main` twice in one process does not leak ``--cache-dir`` into the next
+    call)."""
+    return _config.process_settings(**settings)
+
+
+def open_store() -> Store:
+    """The configured store; a local one that kiln would refuse (not a directory, writable by
+    others) is an error here (exit 1), as it is a warning in programs. A remote store URL
+    (``redis://``, ``s3://``, ...) is the remote store itself, not layered behind the local
+    one: ``kiln ls --store redis://...`` lists what the fleet shares."""
+    store = stores.open_store(_config.get_config(), layered=False)
+    if isinstance(store, Checkable):
+        store.check()
+    return store

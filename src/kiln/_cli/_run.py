@@ -1,0 +1,150 @@
+"""``kiln run``: a Python script run with kiln, and a summary of hits, misses, traces and
+compiles on stderr at exit."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import runpy
+import sys
+import traceback
+from typing import Any
+
+from .._base import _config, _stats
+from .._travel import _jax_cache
+from ._common import Failure, configured
+from ._render import note
+
+__all__ = ["register"]
+
+# the counters the summary reports (kiln.stats()), in its order
+_STATS_FIELDS = ("hits", "misses", "traces", "compiles", "compile_seconds", "saved_seconds",
+                 "bad_entries", "jax_cache_hits", "jax_cache_misses", "jax_cache_writes",
+                 "remote_hits", "remote_misses", "remote_timeouts", "remote_errors",
+                 "lease_waits", "lease_takeovers")
+
+
+def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
+    """Add ``run`` to the ``kiln`` parser's ``verbs``."""
+    run = verbs.add_parser(
+        "run", parents=common, help="run a Python script with kiln; print hits/misses at exit",
+        description="Run SCRIPT as __main__ with kiln configured; print a summary of hits, "
+        "misses, traces, compiles and compile seconds spent / saved to stderr at exit. "
+        "JAX's own persistent cache is routed into kiln's store (kiln://), so code that calls "
+        "jax.jit itself, unchanged, skips its compiles on a second run (KILN_JAX_CACHE=0 "
+        "turns that off; a jax_compilation_cache_dir you set is left alone). "
+        "Exits with the script's status.",
+    )
+    run.add_argument("--explain", action="store_true",
+                     help="log why each miss happened (kiln.configure(explain=True)) to stderr")
+    run.add_argument("--verify", action="store_true",
+                     help="audit mode: re-trace every warm hit and compare with the stored module")
+    run.add_argument("script", metavar="SCRIPT")
+    run.add_argument("script_args", metavar="ARGS", nargs=argparse.REMAINDER,
+                     help="arguments passed to the script")
+    run.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    script = args.script
+    if not os.path.isfile(script):
+        raise Failure(f"cannot run {script!r}: no such file", code=2)
+    settings: dict[str, Any] = {}
+    if args.explain:
+        settings["explain"] = True
+    if args.verify:
+        settings["verify"] = True
+    if sys.stderr.isatty() and _config.get_config().progress is None:
+        settings["progress"] = True
+    handler: logging.Handler | None = None
+    kiln_logger = logging.getLogger("kiln")
+    if args.explain:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        kiln_logger.addHandler(handler)
+    if _config.get_config().jax_cache:
+        # unchanged jax.jit code too: JAX's own cache reads and writes the store (kiln://)
+        _jax_cache.enable_jax_cache()
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *args.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    before = _stats.stats()
+    try:
+        with configured(**settings):
+            return _run_script(script)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        if handler is not None:
+            kiln_logger.removeHandler(handler)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        note(_format_summary(_stats_delta(before, _stats.stats())))
+
+
+def _run_script(script: str) -> int:
+    """Run ``script`` as ``__main__``; the status ``python script`` would exit with."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return _exit_code(e)
+    except KeyboardInterrupt:
+        note("KeyboardInterrupt")
+        return 130
+    except Exception as e:  # noqa: BLE001 - report the script's error like python does
+        _print_script_traceback(e, script)
+        return 1
+    return 0
+
+
+def _stats_delta(before: Any, after: Any) -> dict[str, float]:
+    return {f: getattr(after, f) - getattr(before, f) for f in _STATS_FIELDS}
+
+
+def _format_summary(delta: dict[str, float]) -> str:
+    parts = [
+        f"hits: {int(delta['hits'])}",
+        f"misses: {int(delta['misses'])}",
+        f"traces: {int(delta['traces'])}",
+        f"compiles: {int(delta['compiles'])}",
+        f"compile_seconds: {delta['compile_seconds']:.2f}",
+        f"saved_seconds: {delta['saved_seconds']:.2f}",
+    ]
+    if delta["bad_entries"]:
+        parts.append(f"bad_entries: {int(delta['bad_entries'])}")
+    if delta["jax_cache_hits"] or delta["jax_cache_misses"]:
+        # plain jax.jit programs through JAX's cache routed into the store (kiln://)
+        parts.append(f"jax cache hits: {int(delta['jax_cache_hits'])}, "
+                     f"misses: {int(delta['jax_cache_misses'])}, "
+                     f"written: {int(delta['jax_cache_writes'])}")
+    remote = ("remote_hits", "remote_misses", "remote_timeouts", "remote_errors", "lease_waits",
+              "lease_takeovers")
+    if any(delta[f] for f in remote):
+        # a fleet store: what the remote store answered, and single-flight waits
+        parts.append(", ".join(f"{f.replace('_', ' ')}: {int(delta[f])}" for f in remote))
+    return "kiln: " + ", ".join(parts)
+
+
+def _print_script_traceback(exc: BaseException, script: str) -> None:
+    """The script's traceback without the frames of kiln and runpy above it."""
+    tb = exc.__traceback__
+    target = os.path.realpath(script)
+    probe = tb
+    while probe is not None:
+        if os.path.realpath(probe.tb_frame.f_code.co_filename) == target:
+            tb = probe
+            break
+        probe = probe.tb_next
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+
+
+def _exit_code(e: SystemExit) -> int:
+    """The status Python would exit with for ``sys.exit(e.code)``."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
