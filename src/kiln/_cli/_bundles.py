@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from .._travel._bundle import Exported, ImportReport, import_entries, write_bundle
+from .._travel import Exported, ImportReport, import_entries, write_bundle
 from ..stores._entry import short_key
 from ._common import open_store
 from ._render import count_entries, human_size, note, show

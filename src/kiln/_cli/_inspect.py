@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._travel._bundle import recorded_parts
+from .._travel import recorded_parts
 from ..stores import Counting, Store
 from ..stores import _inventory as inventory
 from ..stores._entry import short_key

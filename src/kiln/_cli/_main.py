@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._base._errors import KilnError, KilnWarning
+from .._base import KilnError, KilnWarning
 from . import _bundles, _demo, _inspect, _maintain, _run
 from ._common import Failure, configured
 from ._render import note

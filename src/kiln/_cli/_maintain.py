@@ -8,8 +8,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from .._base import _config
-from .._base._errors import KilnError
+from .._base import KilnError, _config
 from ..stores import _inventory as inventory
 from ..stores._entry import short_key
 from ._common import Failure, open_store

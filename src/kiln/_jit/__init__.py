@@ -7,3 +7,15 @@ C++ dispatcher), ``_wrappers`` (the ``jax.jit`` functions made of the user's fun
 ``_stages`` (``.lower()`` / ``.compile()``: :class:`kiln.Lowered`, :class:`kiln.Compiled`) and
 ``_noinline`` (:func:`kiln.noinline`).
 """
+
+from ._api import filter_jit as filter_jit
+from ._api import jit as jit
+from ._function import JitFunction as JitFunction
+from ._noinline import DynamicNoinline as DynamicNoinline
+from ._noinline import NoinlineFunction as NoinlineFunction
+from ._noinline import noinline as noinline
+from ._stages import Compiled as Compiled
+from ._stages import Lowered as Lowered
+
+__all__ = ["Compiled", "DynamicNoinline", "filter_jit", "jit", "JitFunction", "Lowered",
+           "noinline", "NoinlineFunction"]

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .._base import _jax_compat
-from .._base._errors import StaticArgumentError
-from .._keys._hashing import Unpersistable, ndarray_key, static_digest
+from .._base import StaticArgumentError, _jax_compat
+from .._keys import Unpersistable, ndarray_key, static_digest
 from ._options import JitOptions
 
 __all__ = ["StaticValue", "install", "unwrapped"]

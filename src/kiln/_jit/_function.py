@@ -36,15 +36,10 @@ from typing import Any
 
 import jax
 
-from .._base import _jax_compat, _stats
-from .._base._config import Config
-from .._keys import _args
-from .._keys._args import STATIC_LEAF
-from .._keys._libraries import script_module
-from .._miss import _explain, _tier_up
-from .._miss._call import Call
+from .._base import Config, _jax_compat, _stats
+from .._keys import STATIC_LEAF, _args, script_module
+from .._miss import Box, Call, _explain, _tier_up, abstract_sig, with_static_outputs
 from .._miss._compile import _Miss
-from .._miss._outputs import Box, abstract_sig, with_static_outputs
 from .._travel import _jax_cache, _pickling
 from . import _dispatch, _prepare, _stages
 from ._dispatch import unwrapped

@@ -29,8 +29,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._base._errors import KilnError
-from .._miss._noinline_p import DERIVE, _Sub, avals_of, derived_name, noinline_p, split_linear
+from .._base import KilnError
+from .._miss import DERIVE, avals_of, derived_name, noinline_p, split_linear
+from .._miss._noinline_p import _Sub
 from .._travel import _pickling
 from . import _api
 
@@ -71,7 +72,7 @@ class NoinlineFunction:
             params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
             params = []
-        from .._keys._args import check_argnames
+        from .._keys import check_argnames
 
         check_argnames(fun, params, [("static_argnames", n) for n in sorted(self._static_argnames)],
                        prefix="kiln.noinline: ")
@@ -150,7 +151,7 @@ class NoinlineFunction:
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """(leaves, (treedef, statics, static_key), sub-function, output tree)."""
-        from .._keys._hashing import static_digest
+        from .._keys import static_digest
 
         # arguments that can be passed by name are, so f(x, 2, y) and f(x, n=2, y=y) share
         # one sub-function, and a static argument may be passed by position

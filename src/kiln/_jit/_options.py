@@ -11,8 +11,7 @@ from typing import Any
 
 import jax
 
-from .._keys import _args
-from .._keys._key import option_text
+from .._keys import _args, option_text
 
 __all__ = ["JitOptions"]
 

@@ -10,12 +10,9 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._base import _jax_compat
-from .._base._errors import StaticArgumentError
-from .._keys import _args
-from .._keys._args import STATIC_LEAF
-from .._keys._hashing import Unpersistable, static_digest
-from .._miss._call import Call
+from .._base import StaticArgumentError, _jax_compat
+from .._keys import STATIC_LEAF, Unpersistable, _args, static_digest
+from .._miss import Call
 from . import _stages
 from ._dispatch import StaticValue
 from ._options import JitOptions

@@ -14,10 +14,8 @@ from typing import Any
 import jax
 
 from .._base import _jax_compat
-from .._keys import _args
-from .._keys._args import ARRAY_TYPES
-from .._miss._call import Call
-from .._miss._outputs import Box, abstract_sig, is_static_output
+from .._keys import ARRAY_TYPES, _args
+from .._miss import Box, Call, abstract_sig, is_static_output
 from ._options import JitOptions
 
 __all__ = ["JitWrappers"]

@@ -8,3 +8,28 @@ ran while tracing, as a manifest checked on a warm start), ``_reads`` (files and
 trace read), ``_machine`` (the kind of machine an executable was compiled for) and ``_key`` (the
 store key made from all of these).
 """
+
+from ._args import ARRAY_TYPES as ARRAY_TYPES
+from ._args import STATIC_LEAF as STATIC_LEAF
+from ._args import check_argnames as check_argnames
+from ._fingerprint import Fingerprint as Fingerprint
+from ._fingerprint import fingerprint as fingerprint
+from ._hashing import Unpersistable as Unpersistable
+from ._hashing import ndarray_key as ndarray_key
+from ._hashing import static_digest as static_digest
+from ._key import KeyParts as KeyParts
+from ._key import avals_text as avals_text
+from ._key import environment_parts as environment_parts
+from ._key import machine as machine
+from ._key import make_key as make_key
+from ._key import option_text as option_text
+from ._key import treedef_parts as treedef_parts
+from ._libraries import script_module as script_module
+from ._manifest import check_manifest as check_manifest
+from ._manifest import manifest_for as manifest_for
+from ._recorder import TraceRecorder as TraceRecorder
+
+__all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "environment_parts",
+           "Fingerprint", "fingerprint", "KeyParts", "machine", "make_key", "manifest_for",
+           "ndarray_key", "option_text", "script_module", "static_digest", "STATIC_LEAF",
+           "TraceRecorder", "treedef_parts", "Unpersistable"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import xxhash
 
-from .._base._errors import StaticArgumentError
+from .._base import StaticArgumentError
 from ._hashing import Unpersistable, static_digest
 
 __all__ = [

@@ -111,7 +111,7 @@ import jax
 import numpy as np
 import xxhash
 
-from .._base._errors import StaticArgumentError
+from .._base import StaticArgumentError
 
 __all__ = ["Unpersistable", "array_digest", "static_digest"]
 
@@ -342,7 +342,7 @@ def _array_digest_bytes(x: Any, argname: str, path: _Path) -> bytes:
 
 def ndarray_key(a: np.ndarray[Any, Any]) -> bytes:
     """The raw digest of a NumPy array (dtype, shape, logical bytes): the fast path for a static
-    array by value on every call (kiln._jit._function), equal exactly when :func:`array_digest` is.
+    array by value on every call (kiln._jit._dispatch), equal exactly when :func:`array_digest` is.
 
     Raises:
         StaticArgumentError: an object array.

@@ -35,8 +35,7 @@ import jax
 import numpy as np
 import xxhash
 
-from .._base import _jax_compat
-from .._base._errors import StaticArgumentError
+from .._base import StaticArgumentError, _jax_compat
 from ._code import (
     code_digest,
     code_names,

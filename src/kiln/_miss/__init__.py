@@ -9,3 +9,18 @@ background); ``_outputs`` (kiln.filter_jit's non-array outputs), ``_noinline_p``
 a :func:`kiln.noinline` call binds), ``_explain`` (``KILN_EXPLAIN``: why a call missed) and
 ``_progress`` (the line shown while a compile runs or a lease is awaited).
 """
+
+from ._call import Call as Call
+from ._noinline_p import DERIVE as DERIVE
+from ._noinline_p import avals_of as avals_of
+from ._noinline_p import derived_name as derived_name
+from ._noinline_p import noinline_p as noinline_p
+from ._noinline_p import split_linear as split_linear
+from ._outputs import Box as Box
+from ._outputs import abstract_sig as abstract_sig
+from ._outputs import is_static_output as is_static_output
+from ._outputs import with_static_outputs as with_static_outputs
+from ._tier_up import wait_for_tier_up as wait_for_tier_up
+
+__all__ = ["abstract_sig", "avals_of", "Box", "Call", "DERIVE", "derived_name", "is_static_output",
+           "noinline_p", "split_linear", "wait_for_tier_up", "with_static_outputs"]

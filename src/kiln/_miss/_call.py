@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from .._keys._args import STATIC_LEAF
+from .._keys import STATIC_LEAF
 
 __all__ = ["Call", "KilnFunction", "Options"]
 

@@ -12,9 +12,7 @@ import jax
 import numpy as np
 
 from .._base import _stats
-from .._keys import _args
-from .._keys._fingerprint import Fingerprint, fingerprint
-from .._keys._key import KeyParts, avals_text, treedef_parts
+from .._keys import Fingerprint, KeyParts, _args, avals_text, fingerprint, treedef_parts
 from ._call import Call, KilnFunction
 
 __all__ = ["CallKeys"]

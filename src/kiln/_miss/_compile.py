@@ -16,10 +16,8 @@ import logging
 import time
 from typing import Any
 
-from .._base import _stats
-from .._base._config import get_config
-from .._base._errors import StoreError
-from .._keys._manifest import manifest_for
+from .._base import StoreError, _stats, get_config
+from .._keys import manifest_for
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
 from ..stores._entry import short_key
 from . import _tier_up

@@ -20,8 +20,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._base import _stats
-from .._base._errors import StoreError
+from .._base import StoreError, _stats
 from ..stores import Store
 from ..stores._entry import short_key
 

@@ -21,10 +21,8 @@ import jax
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from .._base import _jax_compat, _stats
-from .._base._errors import KilnError
-from .._keys._fingerprint import fingerprint
-from .._keys._hashing import Unpersistable
+from .._base import KilnError, _jax_compat, _stats
+from .._keys import Unpersistable, fingerprint
 
 __all__ = ["noinline_p", "inlining", "inlined_size", "called_names", "separate_size",
            "calls_in"]

@@ -22,9 +22,8 @@ from typing import Any
 
 import jax
 
-from .._base import _gc, _jax_compat, _stats
-from .._base._config import Config
-from .._keys._recorder import TraceRecorder
+from .._base import Config, _gc, _jax_compat, _stats
+from .._keys import TraceRecorder
 from . import _noinline_p
 from ._outputs import Box, abstract_sig
 

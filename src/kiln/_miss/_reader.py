@@ -11,10 +11,17 @@ import time
 import warnings
 from typing import Any
 
-from .._base import _jax_compat, _stats
-from .._base._config import Config
-from .._base._errors import EntryError, StoreError, StoreWarning, UnverifiableEntry, VerifyError
-from .._keys._manifest import check_manifest
+from .._base import (
+    Config,
+    EntryError,
+    StoreError,
+    StoreWarning,
+    UnverifiableEntry,
+    VerifyError,
+    _jax_compat,
+    _stats,
+)
+from .._keys import check_manifest
 from ..stores import Store, store_fault, user_stacklevel
 from ..stores._entry import Entry, decode, short_key
 from ._call import KilnFunction

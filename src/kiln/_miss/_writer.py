@@ -9,13 +9,10 @@ import time
 import warnings
 from typing import Any
 
-from .._base import _jax_compat, _stats
-from .._base._config import Config
-from .._base._errors import KilnWarning, StoreError
-from .._keys._key import make_key
-from .._keys._manifest import manifest_for
-from .._travel._jax_cache import kiln_compiling
-from ..stores import RemoteSkipped, Store, store_fault, user_stacklevel
+from .._base import Config, KilnWarning, StoreError, _jax_compat, _stats
+from .._keys import make_key, manifest_for
+from .._travel import kiln_compiling
+from ..stores import RemoteSkipped, Replaceable, Store, store_fault, user_stacklevel
 from ..stores._entry import encode
 from . import _noinline_p
 from ._call import KilnFunction
@@ -222,8 +219,8 @@ class EntryWriter:
         """Write an entry (or a marker: ``sections`` empty) under ``key``."""
         blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
         write = self.store.put
-        if key in self.replace_keys:  # (a remote store's put keeps what it holds)
-            write = getattr(self.store, "replace", write)
+        if key in self.replace_keys and isinstance(self.store, Replaceable):
+            write = self.store.replace  # (a remote store's put keeps what it holds)
         try:
             write(key, blob)
         except RemoteSkipped:

@@ -51,9 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .._base._config import get_config
-from .._base._errors import BundleError, EntryError, StoreWarning
-from .._keys._key import environment_parts
+from .._base import BundleError, EntryError, StoreWarning, get_config
+from .._keys import environment_parts
 from ..stores import Store, open_store
 from ..stores._base import read_header
 from ..stores._entry import decode, digest, short_key

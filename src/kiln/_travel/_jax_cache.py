@@ -45,10 +45,16 @@ from typing import Any
 import jax
 import jaxlib
 
-from .._base import _jax_compat, _stats
-from .._base._config import get_config
-from .._base._errors import EntryError, KilnError, StoreError, UnverifiableEntry
-from .._keys._key import machine, make_key
+from .._base import (
+    EntryError,
+    KilnError,
+    StoreError,
+    UnverifiableEntry,
+    _jax_compat,
+    _stats,
+    get_config,
+)
+from .._keys import machine, make_key
 from ..stores import (
     Held,
     Leasable,

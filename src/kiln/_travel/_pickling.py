@@ -19,8 +19,7 @@ from typing import Any
 
 import cloudpickle
 
-from .._base._config import get_config
-from .._base._errors import EntryError, StoreError, StoreWarning
+from .._base import EntryError, StoreError, StoreWarning, get_config
 from ..stores import Store, open_store
 from ..stores._entry import decode, short_key
 

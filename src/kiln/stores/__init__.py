@@ -7,8 +7,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._base._config import Config
-from .._base._errors import ConfigError, StoreError, StoreWarning
+from .._base import Config, ConfigError, StoreError, StoreWarning
 from ._base import Checkable as Checkable
 from ._base import Counting as Counting
 from ._base import EntryStat as EntryStat

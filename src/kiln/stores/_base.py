@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from .._base._errors import EntryError
+from .._base import EntryError
 from ._entry import peek_header
 
 __all__ = ["Checkable", "Counting", "EntryStat", "Leasable", "Lease", "Maintainable", "Peekable",

@@ -34,7 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._errors import EntryError, UnverifiableEntry
+from .._base import EntryError, UnverifiableEntry
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header",
            "short_key"]

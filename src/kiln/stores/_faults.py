@@ -10,8 +10,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 
-from .._base import _stats
-from .._base._errors import StoreError, StoreWarning
+from .._base import StoreError, StoreWarning, _stats
 from ._base import Store
 
 __all__ = ["reporting", "store_fault", "user_stacklevel"]

@@ -58,7 +58,7 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from .._base._errors import EntryError, StoreError
+from .._base import EntryError, StoreError
 from ._base import EntryStat
 from ._entry import FORMAT_VERSION, peek_header, short_key
 from ._redis import redact_url

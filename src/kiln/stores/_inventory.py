@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._base._errors import KilnError, StoreError, UnverifiableEntry
+from .._base import KilnError, StoreError, UnverifiableEntry
 from ._base import Maintainable, Peekable, Prunable, Store
 from ._entry import decode
 

@@ -41,8 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .._base import _stats
-from .._base._errors import StoreError, StoreWarning
+from .._base import StoreError, StoreWarning, _stats
 from . import _inventory
 from ._base import Counting, EntryStat, Leasable, Lease, Replaceable, Store
 from ._entry import short_key
@@ -333,11 +332,6 @@ class LayeredStore:
                 return h
         h = self._remote("read", self.remote.header, key)
         return None if h is _SKIPPED else h
-
-    def flush(self) -> None:
-        flush = getattr(self.local, "flush", None)
-        if flush is not None:
-            flush()
 
     def lease(self, key: str, seconds: float) -> Lease:
         """A lease on ``key`` in the remote store (one compile across hosts), falling back to

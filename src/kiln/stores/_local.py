@@ -61,7 +61,7 @@ try:
 except ImportError:  # (Windows: filelock's own lock)
     fcntl = None  # type: ignore[assignment]
 
-from .._base._errors import EntryError, StoreError
+from .._base import EntryError, StoreError
 from ._base import EntryStat
 from ._entry import peek_header
 

@@ -40,7 +40,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-from .._base._errors import EntryError, StoreError
+from .._base import EntryError, StoreError
 from ._base import EntryStat
 from ._entry import FORMAT_VERSION, peek_header
 
