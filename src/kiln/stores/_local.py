@@ -3,9 +3,14 @@
 Layout under ``root``::
 
     entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln.stores._entry for its bytes)
-    leases/<key[:2]>/<key>.lock     single-flight: an OS file lock held while a process compiles
-                                    that key (``flock``; the OS frees it when the holder dies);
-                                    removed by prune / clear when nobody holds them
+    leases/keys.lock                single-flight: while a process compiles a key it holds an OS
+                                    lock on one byte of this file, at an offset made from the key
+                                    (Linux open-file-description locks, ``F_OFD_SETLK``; the OS
+                                    frees it when the holder dies). One file for every key: no
+                                    file is created on a miss
+    leases/<key[:2]>/<key>.lock     the same, a file per key (``flock``), where the system has no
+                                    OFD locks (macOS, Windows); removed by prune / clear when
+                                    nobody holds them
     index.sqlite                    key, size, created, last_used: for LRU eviction without
                                     scanning the directory on every write; and the counters of
                                     processes that used a shared store behind this one
@@ -41,11 +46,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import socket
 import sqlite3
 import stat
+import struct
 import tempfile
 import threading
 import time
@@ -138,6 +145,7 @@ def _is_entry_file(p: Path) -> bool:
         return False
 
 
+_HEX = frozenset("0123456789abcdef")
 _TOUCH_EVERY = 1.0  # seconds between index writes of reads (LRU order)
 _open_stores: weakref.WeakSet[LocalStore] = weakref.WeakSet()
 
@@ -180,7 +188,7 @@ class LocalStore:
 
     # -- helpers -------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
-        if len(key) < 8 or not all(c in "0123456789abcdef" for c in key):
+        if len(key) < 8 or not _HEX.issuperset(key):
             raise ValueError(f"store key must be lowercase hex, got {key!r}")
         return self._entries / key[:2] / f"{key}.kiln"
 
@@ -421,6 +429,8 @@ class LocalStore:
         """An OS file lock on ``key`` (single-flight between processes of this host).
         ``seconds`` is not used: the lock lasts while its holder lives."""
         self._path(key)  # checks the key
+        if _OFD:
+            return FileLease(self.root / "leases" / "keys.lock", self, offset=_lock_offset(key))
         return FileLease(self.root / "leases" / key[:2] / f"{key}.lock", self)
 
     def delete(self, key: str) -> bool:
@@ -650,9 +660,10 @@ class FileLease:
 
     expires = False
 
-    def __init__(self, path: Path, store: LocalStore) -> None:
+    def __init__(self, path: Path, store: LocalStore, offset: int | None = None) -> None:
         self._path = path
         self._store = store
+        self._offset = offset  # the byte locked in a file shared by every key (OFD locks)
         self._lock: Any = None
 
     def acquire(self) -> bool:
@@ -663,7 +674,7 @@ class FileLease:
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._store._ready.add(folder)
             try:
-                self._lock = _try_lock(self._path)
+                self._lock = _try_lock(self._path, self._offset)
             except FileNotFoundError:  # its folder was removed since (kiln clear, by hand)
                 self._store._ready.clear()
                 if attempt == 2:
@@ -681,13 +692,16 @@ class FileLease:
             _unlock(lock)
 
 
-def _try_lock(path: Path) -> Any:
-    """An exclusive OS lock on ``path`` (created if absent), taken without waiting: the handle
-    for :func:`_unlock`, or None while another holder has it.
+def _try_lock(path: Path, offset: int | None = None) -> Any:
+    """An exclusive OS lock on ``path`` (created if absent), or on its byte at ``offset``
+    (``F_OFD_SETLK``), taken without waiting: the handle for :func:`_unlock`, or None while
+    another holder has it.
 
     Raises:
         OSError: the file cannot be opened (FileNotFoundError: its folder is gone).
     """
+    if offset is not None:
+        return _try_lock_byte(path, offset)
     if fcntl is None:
         lock = filelock.FileLock(path, timeout=0, thread_local=False)
         try:
@@ -698,6 +712,34 @@ def _try_lock(path: Path) -> Any:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return None
+        raise
+    _held_fds.add(fd)
+    return fd
+
+
+# Linux's open-file-description locks (3.15+): byte-range locks that, like flock, belong to
+# the open file (two threads' descriptors exclude each other, a dead holder's lock is freed),
+# unlike POSIX record locks, which a process never conflicts with and loses on any close.
+_OFD = fcntl is not None and hasattr(fcntl, "F_OFD_SETLK")
+
+
+def _lock_offset(key: str) -> int:
+    """The byte of ``leases/keys.lock`` that stands for ``key``: 62 bits of its hash, so two
+    keys share a byte with probability 2**-62."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 2
+
+
+def _try_lock_byte(path: Path, offset: int) -> int | None:
+    """An OFD write lock on byte ``offset`` of ``path`` (created if absent: once per store)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding
+    request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
     except OSError as e:
         os.close(fd)
         if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
