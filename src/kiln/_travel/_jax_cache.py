@@ -96,8 +96,18 @@ _SETTINGS = {  # what the route sets (see enable_jax_cache)
 def store_key(jax_key: str) -> str:
     """The store key (64 hex characters) of the value JAX caches under ``jax_key``, on this
     kind of machine: JAX's key holds no CPU features (issue 26), kiln's store key does."""
-    return make_key([("format", str(FORMAT_VERSION)), ("kind", _KIND), ("machine", machine()),
-                     ("jax-key", jax_key)])
+    global _last_key
+    kind = machine()
+    last = _last_key
+    if last[0] == jax_key and last[1] == kind:
+        return last[2]  # (a miss asks three times: JAX's get, its put's exists, the write)
+    key = make_key([("format", str(FORMAT_VERSION)), ("kind", _KIND), ("machine", kind),
+                    ("jax-key", jax_key)])
+    _last_key = (jax_key, kind, key)
+    return key
+
+
+_last_key = ("", "", "")  # (jax_key, machine, store key) of the last store_key call
 
 
 @contextlib.contextmanager
