@@ -700,8 +700,6 @@ def _try_lock(path: Path, offset: int | None = None) -> Any:
     Raises:
         OSError: the file cannot be opened (FileNotFoundError: its folder is gone).
     """
-    if offset is not None:
-        return _try_lock_byte(path, offset)
     if fcntl is None:
         lock = filelock.FileLock(path, timeout=0, thread_local=False)
         try:
@@ -711,7 +709,11 @@ def _try_lock(path: Path, offset: int | None = None) -> Any:
         return lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if offset is None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        else:  # struct flock: l_type, l_whence, l_start, l_len, l_pid (0: OFD), padding
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK,
+                        struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
     except OSError as e:
         os.close(fd)
         if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -733,28 +735,12 @@ def _lock_offset(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 2
 
 
-def _try_lock_byte(path: Path, offset: int) -> int | None:
-    """An OFD write lock on byte ``offset`` of ``path`` (created if absent: once per store)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding
-    request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
-    try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            return None
-        raise
-    _held_fds.add(fd)
-    return fd
-
-
 def _unlock(lock: Any) -> None:
     """Give up a lock :func:`_try_lock` took."""
     if isinstance(lock, int):
         _held_fds.discard(lock)
         with contextlib.suppress(OSError):
-            os.close(lock)  # (closing the descriptor drops its flock)
+            os.close(lock)  # (closing the descriptor drops its lock)
     else:
         lock.release()
 
