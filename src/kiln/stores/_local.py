@@ -707,20 +707,21 @@ def _try_lock(path: Path, offset: int | None = None) -> Any:
         except filelock.Timeout:
             return None
         return lock
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        if offset is None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        else:  # struct flock: l_type, l_whence, l_start, l_len, l_pid (0: OFD), padding
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK,
-                        struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            return None
-        raise
-    _held_fds.add(fd)
-    return fd
+    with _fds_lock:  # (a fork waits: its child must not get a descriptor it cannot close)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if offset is None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            else:  # struct flock: l_type, l_whence, l_start, l_len, l_pid (0: OFD), padding
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK,
+                            struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0))
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return None
+            raise
+        _held_fds.add(fd)
+        return _OSLock(fd, os.getpid())
 
 
 # Linux's open-file-description locks (3.15+): byte-range locks that, like flock, belong to
@@ -735,27 +736,48 @@ def _lock_offset(key: str) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 2
 
 
+class _OSLock:
+    """A lock :func:`_try_lock` took: its descriptor, and the process that took it."""
+
+    __slots__ = ("fd", "pid")
+
+    def __init__(self, fd: int, pid: int) -> None:
+        self.fd, self.pid = fd, pid
+
+
 def _unlock(lock: Any) -> None:
     """Give up a lock :func:`_try_lock` took."""
-    if isinstance(lock, int):
-        _held_fds.discard(lock)
+    if not isinstance(lock, _OSLock):
+        lock.release()  # (filelock's)
+        return
+    if lock.pid != os.getpid():
+        # a lease a forked child inherited: its descriptor was closed at the fork, and the
+        # number may name another file of the child's by now
+        return
+    with _fds_lock:
+        _held_fds.discard(lock.fd)
         with contextlib.suppress(OSError):
-            os.close(lock)  # (closing the descriptor drops its lock)
-    else:
-        lock.release()
+            os.close(lock.fd)  # (closing the descriptor drops its lock)
 
 
 # descriptors of the locks this process holds: a forked child closes its copies, or the lock
-# would last as long as the child (a flock belongs to the open file, shared across fork)
+# would last as long as the child (flock and OFD locks belong to the open file, which a fork
+# shares); taken and given up under _fds_lock, which a fork waits for
 _held_fds: set[int] = set()
+_fds_lock = threading.Lock()
 
 
 def _close_held_in_child() -> None:
+    global _fds_lock
     for fd in list(_held_fds):
         with contextlib.suppress(OSError):
             os.close(fd)
     _held_fds.clear()
+    _fds_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_held_in_child)
+    # (through the global: a child has a lock of its own for its own forks)
+    os.register_at_fork(before=lambda: _fds_lock.acquire(),
+                        after_in_parent=lambda: _fds_lock.release(),
+                        after_in_child=_close_held_in_child)
