@@ -367,7 +367,11 @@ def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path) -> None:
     other.release()
     again = store.lease(_key(1), 30)
     assert again.acquire() is True
+    assert again.acquire() is True  # held already: the same lock, not a second one
     again.release()
+    last = store.lease(_key(1), 30)
+    assert last.acquire() is True  # one release frees it
+    last.release()
 
 
 _FORK_CHILD_RELEASE_SCRIPT = """

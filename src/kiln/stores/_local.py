@@ -667,6 +667,8 @@ class FileLease:
         self._lock: Any = None
 
     def acquire(self) -> bool:
+        if self._lock is not None:
+            return True  # (held already: a second lock would lose the first one's handle)
         folder = self._path.parent
         for attempt in (1, 2):
             if folder not in self._store._ready:
