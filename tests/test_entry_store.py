@@ -345,7 +345,7 @@ def test_a_forked_child_does_not_keep_its_parent_s_lease(tmp_path: Path) -> None
 
 def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path) -> None:
     """On Linux a lease is an OFD lock on one byte of ``leases/keys.lock``: no file is created
-    per key (a miss of the kiln:// route cost 0.30 ms with a file per key, 0.06 ms with a byte:
+    per key (a miss's read through the kiln:// route: 0.34 -> 0.16-0.21 ms, docs/benchmarks.md,
     issue 24), and leases still exclude each other per key, within a process too."""
     from kiln.stores import _local
 
