@@ -10,12 +10,13 @@ import contextlib
 import hashlib
 import importlib
 import io
+import logging
 import pickle
 import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
@@ -96,14 +97,22 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "trace_context_token",
     "unpickle_value",
     "uses_lapack",
+    "unpickle_callbacks",
     "with_out_tree",
+    "LiveObjectMissing",
 ]
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+logger = logging.getLogger("kiln")
 
 
 class Unserializable(Exception):
     """This compiled program cannot be written as an entry (and why)."""
+
+
+class LiveObjectMissing(Exception):
+    """A stored host callback refers to a live object this process's walk did not give (the
+    callbacks are then rebuilt by tracing: :func:`unpickle_callbacks`)."""
 
 
 def trace_context_token() -> Any:
@@ -402,7 +411,9 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
 
 
 def serialize_compiled(
-    compiled: jax.stages.Compiled, inputs: Sequence[Any] = ()
+    compiled: jax.stages.Compiled, inputs: Sequence[Any] = (), *,
+    live: Sequence[Any] = (), is_user: Callable[[Any], bool] | None = None,
+    codes: Collection[Any] = (),
 ) -> tuple[dict[str, bytes], str]:
     """Split a freshly compiled program into entry sections.
 
@@ -413,10 +424,11 @@ def serialize_compiled(
     Returns:
         (sections, callbacks_mode): sections ``exec`` (XLA executable bytes), ``meta`` (pickled
         call metadata: shardings, avals, layouts, args_info, out_tree) and, when the program has
-        host callbacks that cloudpickle can serialize, ``callbacks``. ``callbacks_mode`` is
-        ``"none"``, ``"stored"`` (warm start needs no tracing) or ``"trace"`` (the callables
-        could not be pickled: a warm start must trace and lower to rebuild them, then loads the
-        executable instead of compiling).
+        host callbacks that can be stored (:func:`pickle_callbacks`), ``callbacks``.
+        ``callbacks_mode`` is ``"none"``, ``"stored"`` (warm start needs no tracing) or
+        ``"trace"`` (the callables could not be stored without copying the user's objects: a
+        warm start must trace and lower to rebuild them, then loads the executable instead of
+        compiling). ``live``, ``is_user``, ``codes``: see :func:`pickle_callbacks`.
 
     Raises:
         Unserializable: the program closes over large constants (``const_args``) or mutable
@@ -438,9 +450,10 @@ def serialize_compiled(
     mode = "none"
     if callbacks:
         try:
-            sections["callbacks"] = pickle_value(callbacks)
+            sections["callbacks"] = pickle_callbacks(callbacks, live, is_user, codes)
             mode = "stored"
-        except Unserializable:  # the callables must be rebuilt by tracing
+        except Unserializable as e:  # the callables must be rebuilt by tracing
+            logger.debug("kiln: host callbacks rebuilt by tracing on a warm start: %s", e)
             mode = "trace"
     buf = io.BytesIO()
     device_list = getattr(unloaded, "device_list", None)  # jax 0.4.31+: a DeviceList
@@ -470,19 +483,22 @@ def load_compiled(
     *,
     lapack: bool = False,
     inputs: Sequence[Any] = (),
+    live: Sequence[Any] = (),
 ) -> jax.stages.Compiled:
     """Rebuild a callable ``jax.stages.Compiled`` from entry sections (no trace, no compile).
 
     ``callbacks`` / ``out_tree``: from a fresh lowering when there is one (the verify path, or
     callables that could not be pickled); ``None`` takes them from the entry, the output tree's
-    references to the inputs resolved in ``inputs`` (``input_objects`` of this call).
+    references to the inputs resolved in ``inputs`` (``input_objects`` of this call) and the
+    callbacks' references to the user's objects in ``live`` (:func:`unpickle_callbacks`).
     ``lapack``: the executable calls LAPACK kernels, which must be registered first (~0.4 s, once).
     Only call this on sections whose entry digest has verified: it unpickles.
     """
     if lapack:
         _ensure_cpu_kernels()
     if callbacks is None:
-        callbacks = unpickle_value(sections["callbacks"]) if "callbacks" in sections else []
+        callbacks = unpickle_callbacks(sections["callbacks"], live) if "callbacks" in sections \
+            else []
     cbs = list(callbacks)
     unloaded, args_info, _, no_kwargs = _Unpickler(
         io.BytesIO(sections["meta"]), sections["exec"], cbs
@@ -708,6 +724,105 @@ def pickle_tree(value: Any, inputs: Sequence[Any]) -> bytes:
 def unpickle_tree(data: bytes, inputs: Sequence[Any]) -> Any:
     """The value :func:`pickle_tree` pickled, its input references taken from ``inputs``."""
     return _TreeUnpickler(io.BytesIO(data), inputs).load()
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+class _CallbackPickler(_ValuePickler):
+    """Host callbacks, with every object of the user's live world they reach by reference:
+    ``("live", i, type)`` for the ``i``-th object of the function's walk, named functions and
+    classes by module and name (``_ValuePickler``). ``copied`` names the first user object
+    (``is_user``) that would be pickled by value instead: a copy of it could differ from the
+    live one (a closure's list, a simulator's state), so the callbacks are not stored."""
+
+    def __init__(self, file: io.BytesIO, live: Sequence[Any],
+                 is_user: Callable[[Any], bool] | None, codes: Collection[Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._live: dict[int, int] = {}
+        for i, obj in enumerate(live):
+            self._live.setdefault(id(obj), i)
+        self._is_user = is_user
+        self._codes = codes
+        self.copied: str | None = None
+
+    def persistent_id(self, obj: Any) -> Any:
+        i = self._live.get(id(obj))
+        if i is not None and not isinstance(obj, _ATOMS):
+            return ("live", i, _type_name(obj))
+        pid = super().persistent_id(obj)
+        if (pid is None and self.copied is None and self._is_user is not None
+                and not isinstance(obj, _ATOMS) and _named_global(obj) is None
+                and self._is_user(obj) and not self._made_while_tracing(obj)):
+            self.copied = (f"{getattr(obj, '__qualname__', None) or type(obj).__qualname__} "
+                           f"({_type_name(obj)})")
+        return pid
+
+    def _made_while_tracing(self, obj: Any) -> bool:
+        """A function the trace made (``lambda v: log.append(v)`` in the function's body): its
+        code is the walked code's own and every variable it closes over is a live cell, so a
+        copy acts on the same objects."""
+        return (isinstance(obj, types.FunctionType) and obj.__code__ in self._codes
+                and all(id(c) in self._live for c in obj.__closure__ or ()))
+
+
+class _CallbackUnpickler(_ValueUnpickler):
+    def __init__(self, file: io.BytesIO, live: Sequence[Any]) -> None:
+        super().__init__(file)
+        self._liveobjs = live
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and pid and pid[0] == "live":
+            i, name = pid[1], pid[2]
+            if not 0 <= i < len(self._liveobjs) or _type_name(self._liveobjs[i]) != name:
+                raise LiveObjectMissing(f"live object {i} ({name}) is not in this walk")
+            return self._liveobjs[i]
+        return super().persistent_load(pid)
+
+
+def pickle_callbacks(callbacks: Sequence[Any], live: Sequence[Any] = (),
+                     is_user: Callable[[Any], bool] | None = None,
+                     codes: Collection[Any] = ()) -> bytes:
+    """Pickle a program's host callbacks so that a warm start calls the user's live objects,
+    exactly as a cold run does (a ``jax.debug.callback`` appending to a list made in
+    ``main()``, an ``io_callback(sim.advance, ...)`` stepping the user's simulator).
+
+    ``live``: the objects the function's static walk visited, in walk order
+    (``Fingerprint.objects``); a warm process whose key matched walked the same sequence, so
+    each object the callbacks reach that is among them is stored as its position and comes
+    back as that process's own object. Functions and classes importable by module and name
+    come back by reference; JAX's own wrappers by value (made fresh by each lowering), and a
+    user function the trace made by value when its code is among the walked ``codes`` and all
+    it closes over is live.
+
+    Raises:
+        Unserializable: the callbacks cannot be pickled, or would hold a copy of a user object
+            (``is_user``) that is not among ``live``: a copy could differ from what the cold
+            run acts on, so a warm start rebuilds them by tracing instead.
+    """
+    buf = io.BytesIO()
+    pickler = _CallbackPickler(buf, live, is_user, codes)
+    try:
+        pickler.dump(list(callbacks))
+    except Exception as e:  # noqa: BLE001
+        raise Unserializable(f"cannot pickle the host callbacks: {e}") from None
+    if pickler.copied is not None:
+        raise Unserializable(f"a host callback holds {pickler.copied}, which the function's "
+                             "walk does not reach: a stored copy could differ from the live one")
+    return buf.getvalue()
+
+
+def unpickle_callbacks(data: bytes, live: Sequence[Any] = ()) -> list[Any]:
+    """The callbacks :func:`pickle_callbacks` stored, bound to this process's ``live``
+    objects. Only for entries whose digest verified.
+
+    Raises:
+        LiveObjectMissing: a referenced live object is not in ``live`` (the caller rebuilds
+            the callbacks by tracing).
+    """
+    return list(_CallbackUnpickler(io.BytesIO(data), live).load())
 
 
 def pickle_value(value: Any) -> bytes:

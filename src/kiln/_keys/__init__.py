@@ -24,12 +24,14 @@ from ._key import machine as machine
 from ._key import make_key as make_key
 from ._key import option_text as option_text
 from ._key import treedef_parts as treedef_parts
+from ._libraries import is_user_object as is_user_object
 from ._libraries import script_module as script_module
 from ._manifest import check_manifest as check_manifest
 from ._manifest import manifest_for as manifest_for
 from ._recorder import TraceRecorder as TraceRecorder
 
 __all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "environment_parts",
-           "Fingerprint", "fingerprint", "KeyParts", "machine", "make_key", "manifest_for",
+           "Fingerprint", "fingerprint", "is_user_object", "KeyParts", "machine", "make_key",
+           "manifest_for",
            "ndarray_key", "option_text", "script_module", "static_digest", "STATIC_LEAF",
            "TraceRecorder", "treedef_parts", "Unpersistable"]

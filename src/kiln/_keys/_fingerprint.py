@@ -49,6 +49,9 @@ class Fingerprint:
         sound: False if some part could not be digested (then ``reason`` says which).
         codes: code objects covered by the walk (the manifest skips them).
         names: every name the walked code reads (globals and attributes).
+        objects: every object the walk visited, in walk order: the same sequence in every
+            process whose walk gives the same digest, so host callbacks can refer to the
+            live objects by position (``_jax_compat.pickle_callbacks``).
     """
 
     digest: str
@@ -57,6 +60,7 @@ class Fingerprint:
     reason: str | None = None
     codes: set[types.CodeType] = field(default_factory=set)
     names: set[str] = field(default_factory=set)
+    objects: list[Any] = field(default_factory=list, repr=False)
 
 
 def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -> Fingerprint:  # type: ignore[assignment]
@@ -77,4 +81,5 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
         w.finish()
     except Exception as e:  # noqa: BLE001 - the walk never raises into the user's call
         w.unsound(walk_failure(e))
-    return Fingerprint(w.digest(), w.parts, w.reason is None, w.reason, w.codes, w.names)
+    return Fingerprint(w.digest(), w.parts, w.reason is None, w.reason, w.codes, w.names,
+                       w.keep)

@@ -23,6 +23,7 @@ __all__ = [
     "has_file",
     "is_user_class",
     "is_user_file",
+    "is_user_object",
     "library_version",
     "module_is_user",
     "script_module",
@@ -61,6 +62,16 @@ def module_is_user(mod: types.ModuleType) -> bool:
 def is_user_class(cls: type) -> bool:
     """Defined in a user file (classes of C extensions and builtins have no file)."""
     return has_file(cls) and is_user_file(inspect.getfile(cls))
+
+
+def is_user_object(obj: Any) -> bool:
+    """``obj`` is the user's: a function of a user file, a user class, or an instance of one
+    (what a stored copy of a host callback must not hold: ``_jax_compat.pickle_callbacks``)."""
+    if isinstance(obj, types.FunctionType):
+        return is_user_file(obj.__code__.co_filename)
+    if isinstance(obj, type):
+        return is_user_class(obj)
+    return is_user_class(type(obj))
 
 
 def has_file(obj: Any) -> bool:

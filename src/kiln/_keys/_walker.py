@@ -78,7 +78,9 @@ class Walker:
         self.seen: set[int] = set()
         self.codes: set[types.CodeType] = set()
         self.reason: str | None = None
-        self.keep: list[Any] = []  # keep ids stable during the walk
+        # every object walked, in walk order (ids stay stable during the walk; host callbacks
+        # refer to the live ones by position: ``_jax_compat.pickle_callbacks``)
+        self.keep: list[Any] = []
         self.modules: list[types.ModuleType] = []  # modules reached as values (user and library)
         self.names: set[str] = set()  # every name any walked user code reads
         self.in_library = 0  # > 0 while walking what a library object holds
@@ -501,6 +503,9 @@ class Walker:
             values += [(f"{qual}.__kwdefaults__[{k!r}]", d)
                        for k, d in sorted(fn.__kwdefaults__.items())]
         for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+            # the cell itself: a callback made while tracing (a lambda closing over the same
+            # variable) shares it, and a warm start must bind that callback to the live cell
+            self.keep.append(cell)
             try:
                 values.append((f"{qual}.<closure {var}>", cell.cell_contents))
             except ValueError:  # empty cell

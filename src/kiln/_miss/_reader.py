@@ -184,7 +184,17 @@ class EntryReader:
         # the form the entry was compiled from (its "lowered" digest is of that form): an
         # inlined entry (tier-up) has other host callbacks than the lowered program
         inlined = header.get("tier") == "inlined"
-        if header.get("callbacks") == "trace" or self.cfg.verify:
+        rebuild = header.get("callbacks") == "trace" or self.cfg.verify
+        if (not rebuild and program.traced is None and header.get("callbacks") == "stored"
+                and "callbacks" in entry.sections):
+            # stored callbacks, bound to this process's live objects (the function's walk)
+            try:
+                callbacks = _jax_compat.unpickle_callbacks(entry.sections["callbacks"],
+                                                           self.keys.fp.objects)
+            except Exception as e:  # noqa: BLE001 - rebuilt by tracing instead
+                self.explain("callbacks", f"host callbacks rebuilt by tracing ({e})")
+                rebuild = True
+        if rebuild:
             source = program.lower_form(inlined)
             digest = (program.inlined_facts if inlined else program.lowered_facts)[0]
             if digest != header.get("lowered"):

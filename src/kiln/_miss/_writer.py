@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 
 from .._base import Config, KilnWarning, StoreError, _jax_compat, _stats
-from .._keys import make_key, manifest_for
+from .._keys import is_user_object, make_key, manifest_for
 from .._travel import kiln_compiling
 from ..stores import RemoteSkipped, Replaceable, Store, store_fault, user_stacklevel
 from ..stores._entry import encode
@@ -140,7 +140,9 @@ class EntryWriter:
         result = compiled if static_out is None else wrap_static_outputs(compiled, *static_out)
         try:
             inputs = self.program.input_objects()
-            sections, mode = _jax_compat.serialize_compiled(compiled, inputs)
+            sections, mode = _jax_compat.serialize_compiled(
+                compiled, inputs, live=self.keys.fp.objects, is_user=is_user_object,
+                codes=self.keys.fp.codes)
             if static_out is not None:
                 sections["static_out"] = _jax_compat.pickle_tree(static_out, inputs)
         except _jax_compat.Unserializable as e:
