@@ -113,6 +113,18 @@ def make_writer():
     return JIT(f), sink
 
 
+class Journal:
+    """An open file a callback writes to: no value to key, and none needed."""
+
+    def __init__(self, path):
+        self.fh = open(path, "a")
+        self.noise = np.random.default_rng().normal(size=3)  # differs in every run
+
+    def write(self, v):
+        self.fh.write(f"{float(v)}\\n")
+        self.fh.flush()
+
+
 def main():
     x = jnp.arange(3.0, dtype=jnp.float32)
     out = {}
@@ -152,6 +164,18 @@ def main():
     jax.effects_barrier()
     out["log"] = log
 
+    journal = Journal("journal.txt")
+
+    def jot(v):
+        TRACE()
+        jax.debug.callback(journal.write, jnp.sum(v))
+        return v - 1.0
+
+    call("journal", JIT(jot), x)
+    jax.effects_barrier()
+    with open("journal.txt") as fh:
+        out["journal_lines"] = len(fh.read().splitlines())
+
     h, sink = make_writer()
     call("writer", h, x)
     jax.effects_barrier()
@@ -173,18 +197,30 @@ def runs(tmp_path_factory, xp):
     return ref, cold, warm
 
 
+def test_a_key_does_not_see_state_only_callbacks_touch(runs):
+    """``peek`` is keyed after ``adv`` stepped the simulator, ``jot``'s journal holds an open
+    file and noise drawn afresh in every run: what the callbacks act on is not what the
+    program is built from, so neither changes the key (and the file does not make the
+    function take the verify path)."""
+    _, cold, warm = runs
+    assert cold["peek"]["misses"] == 1 and warm["peek"]["hits"] == 1
+    assert warm["journal"]["hits"] == 1 and warm["journal"]["py_traces"] == 0
+    assert not warm.stats["reasons"], warm.stats["reasons"]
+
+
 def test_side_effects_match_jax_jit_cold_and_warm(runs):
     ref, cold, warm = runs
     assert ref.extra["losses"] and len(ref.extra["losses"]) == 3
-    for run in (cold, warm):
-        assert run.extra == ref.extra
-    for name in ("step2", "pure1", "adv2", "peek", "lambda", "writer"):
+    for run, lines in ((cold, 2), (warm, 3)):  # (the file grows by one line a run)
+        assert run.extra.pop("journal_lines") == lines
+        assert run.extra == {k: v for k, v in ref.extra.items() if k != "journal_lines"}
+    for name in ("step2", "pure1", "adv2", "peek", "lambda", "writer", "journal"):
         assert warm[name]["leaves"] == ref[name]["leaves"], name
 
 
 def test_cold_compiles_once_per_function(runs, xp):
     _, cold, _ = runs
-    for name in ("step0", "pure0", "adv0", "peek", "lambda", "writer"):
+    for name in ("step0", "pure0", "adv0", "peek", "lambda", "writer", "journal"):
         xp.assert_cold(cold[name])
 
 
@@ -192,7 +228,7 @@ def test_warm_start_restores_callbacks_without_tracing(runs, xp):
     """Callbacks over closures, dicts and a simulator's methods come back bound to the live
     objects: no trace, no lowering, no compile."""
     _, _, warm = runs
-    for name in ("step0", "pure0", "adv0", "peek", "lambda"):
+    for name in ("step0", "pure0", "adv0", "peek", "lambda", "journal"):
         xp.assert_warm(warm[name])
 
 

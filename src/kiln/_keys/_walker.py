@@ -36,6 +36,7 @@ import numpy as np
 import xxhash
 
 from .._base import StaticArgumentError, _jax_compat
+from ._callback_roots import callback_roots
 from ._code import (
     code_digest,
     code_names,
@@ -486,7 +487,7 @@ class Walker:
             iterated = iterated_set_constant(code)
             if iterated and not hash_seed_fixed():
                 self.unsound(f"{qual}: {iterated}, in an order that changes with PYTHONHASHSEED")
-            self.globals_of(code, fn.__globals__, qual)
+            self.globals_of(code, fn.__globals__, qual, callback_roots(fn))
         # every function object: two closures of one factory share code, not cells
         self.cells(qual, fn)
 
@@ -502,20 +503,35 @@ class Walker:
         if fn.__kwdefaults__:
             values += [(f"{qual}.__kwdefaults__[{k!r}]", d)
                        for k, d in sorted(fn.__kwdefaults__.items())]
+        roots = callback_roots(fn)
         for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
             # the cell itself: a callback made while tracing (a lambda closing over the same
             # variable) shares it, and a warm start must bind that callback to the live cell
             self.keep.append(cell)
             try:
-                values.append((f"{qual}.<closure {var}>", cell.cell_contents))
+                v = cell.cell_contents
             except ValueError:  # empty cell
                 continue
+            if var in roots:
+                self.callback_target(f"{qual}.<closure {var}>", v)
+            else:
+                values.append((f"{qual}.<closure {var}>", v))
         for name, v in values:
             where = _sentinel_name(fn.__globals__, v) if type(v) is object else None
             if where is not None:
                 self.add(f"sentinel:{name}", where)
             else:
                 self.value(name, v)
+
+    def callback_target(self, name: str, v: Any) -> None:
+        """A callback root (:mod:`kiln._keys._callback_roots`): the function only hands ``v``
+        to a host-callback API as the callable, so the program does not depend on what ``v``
+        holds or runs (a warm start calls the live ``v``). It counts by its type; it is kept
+        (not marked seen) so the host callbacks can refer to it and a use elsewhere is walked
+        by value."""
+        self.keep.append(v)
+        cls = type(v)
+        self.add(f"callback:{name}", f"{cls.__module__}.{cls.__qualname__}")
 
     def library_function(self, fn: types.FunctionType) -> None:
         """A function defined in an installed library: its code counts by the library's
@@ -538,14 +554,17 @@ class Walker:
         finally:
             self.in_library -= 1
 
-    def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str) -> None:
+    def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str,
+                   roots: frozenset[str] = frozenset()) -> None:
         """The globals ``code`` names (in ``g``, else an imported user module or a builtin),
         and the attributes it names of the user modules among them."""
         names = code_names(code)
         modname = script_module(g.get("__name__", "?"))
         modules = []
         for name in sorted(names | module_strings(code)):
-            if name in g:
+            if name in roots and name in g:
+                self.callback_target(f"{modname}.{name}", g[name])
+            elif name in g:
                 v = g[name]
                 self.value(f"{modname}.{name}", v)
                 if isinstance(v, types.ModuleType) and module_is_user(v):

@@ -1,0 +1,197 @@
+"""Names a function only hands to a JAX host-callback API as the callable.
+
+``jax.debug.callback(record, v)``, ``jax.pure_callback(host, shape, x)`` and
+``io_callback(sim.advance, shape, x)`` put the callable into the program as a reference: the
+trace never calls it and never reads what it holds, so the executable does not depend on the
+callable's state (the list ``record`` appends to, the simulator ``sim.advance`` steps), and a
+warm start calls the live object (``kiln._base._jax_compat.pickle_callbacks``). Keying that
+state would only make a function miss whenever its callbacks have run (a second function keyed
+after the first one advanced the simulator) or send it to the verify path (a callback writing
+to an open file).
+
+:func:`callback_roots` reads a function's bytecode: a name is a *callback root* when every load
+of it in the function's code (and none in its nested code) is the whole first argument of a
+call to one of these APIs, as ``name`` or ``name.method``; the call is found by the stack depth
+(``dis.stack_effect``), so ``jax.pure_callback(make(x), ...)`` (a call made while tracing) is
+not one. Anything less plain (an alias of the API, a conditional, ``*args``) is not a root and
+is keyed by value, as before.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import types
+from typing import Any
+
+import jax
+
+__all__ = ["callback_roots"]
+
+_API_NAMES = frozenset({"callback", "pure_callback", "io_callback"})
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_NAME", "LOAD_CLASSDEREF",
+                    "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
+_ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_CALL_TAIL = frozenset({"PRECALL", "CALL", "KW_NAMES", "CALL_KW", "CALL_FUNCTION_EX"})
+_SKIP = frozenset({"CACHE", "NOP", "EXTENDED_ARG", "RESUME", "PUSH_NULL"})
+_USES = _LOADS | frozenset({"LOAD_CLOSURE", "STORE_GLOBAL", "STORE_DEREF", "STORE_FAST",
+                            "DELETE_GLOBAL", "DELETE_DEREF", "DELETE_FAST", "STORE_NAME",
+                            "DELETE_NAME", "LOAD_FROM_DICT_OR_DEREF",
+                            "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_FAST_LOAD_FAST"})
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+def _apis() -> tuple[Any, ...]:
+    found = [getattr(jax.debug, "callback", None), getattr(jax, "pure_callback", None)]
+    try:
+        from jax import experimental
+
+        found += [getattr(experimental, "io_callback", None),
+                  getattr(experimental, "pure_callback", None)]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(f for f in found if f is not None)
+
+
+_API_OBJECTS = _apis()
+_cache: dict[tuple[types.CodeType, int], frozenset[str]] = {}
+
+
+def callback_roots(fn: types.FunctionType) -> frozenset[str]:
+    """The global and closure names that ``fn`` only passes to a host-callback API as the
+    callable (module doc). Empty for almost every function (a look at ``co_names`` first)."""
+    code = fn.__code__
+    if not _API_NAMES & set(code.co_names):
+        return frozenset()
+    key = (code, id(fn.__globals__))
+    got = _cache.get(key)
+    if got is None:
+        try:
+            got = _roots(fn)
+        except Exception:  # noqa: BLE001 - anything unexpected: no roots (keyed by value)
+            got = frozenset()
+        if len(_cache) > 4096:
+            _cache.clear()
+        _cache[key] = got
+    return got
+
+
+def _instructions(code: types.CodeType) -> list[dis.Instruction]:
+    return [i for i in dis.get_instructions(code) if i.opname not in _SKIP]
+
+
+def _effect(ins: dis.Instruction) -> int:
+    if ins.opcode >= dis.HAVE_ARGUMENT:
+        return dis.stack_effect(ins.opcode, ins.arg, jump=False)
+    return dis.stack_effect(ins.opcode, jump=False)
+
+
+def _resolve(fn: types.FunctionType, ins: dis.Instruction) -> Any:
+    """The value a load of a global or closure variable gives (``_MISSING``: unknown)."""
+    name = ins.argval
+    if ins.opname == "LOAD_GLOBAL":
+        if name in fn.__globals__:
+            return fn.__globals__[name]
+        return _MISSING
+    if ins.opname == "LOAD_DEREF" and name in fn.__code__.co_freevars:
+        cell = fn.__closure__[fn.__code__.co_freevars.index(name)]  # type: ignore[index]
+        try:
+            return cell.cell_contents
+        except ValueError:
+            return _MISSING
+    return _MISSING
+
+
+_MISSING = object()
+
+
+def _roots(fn: types.FunctionType) -> frozenset[str]:
+    code = fn.__code__
+    ins = _instructions(code)
+    candidates: dict[str, int] = {}  # name -> number of its loads that are callback roots
+    i = 0
+    while i < len(ins):
+        op = ins[i]
+        if op.opname not in ("LOAD_GLOBAL", "LOAD_DEREF"):
+            i += 1
+            continue
+        obj = _resolve(fn, op)
+        j = i + 1
+        while obj is not _MISSING and j < len(ins) and ins[j].opname in _ATTRS:
+            obj = (getattr(obj, ins[j].argval, _MISSING) if isinstance(obj, types.ModuleType)
+                   else _MISSING)
+            j += 1
+        if obj is _MISSING or not any(obj is api for api in _API_OBJECTS):
+            i += 1
+            continue
+        root = _first_argument_root(fn, ins, j)
+        if root is not None:
+            candidates[root] = candidates.get(root, 0) + 1
+        i = j
+    if not candidates:
+        return frozenset()
+    uses = _uses(code)
+    nested = set()
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            nested |= _all_names(c)
+    return frozenset(n for n, k in candidates.items() if uses.get(n, 0) == k and n not in nested)
+
+
+def _first_argument_root(fn: types.FunctionType, ins: list[dis.Instruction],
+                         j: int) -> str | None:
+    """The name whose load (with at most one attribute) is the whole first argument of the
+    call whose arguments start at ``ins[j]``, or None."""
+    if j >= len(ins) or ins[j].opname not in ("LOAD_GLOBAL", "LOAD_DEREF"):
+        return None
+    if ins[j].opname == "LOAD_GLOBAL" and (ins[j].arg or 0) & 1 and ins[j].argrepr.startswith(
+            "NULL"):
+        return None  # (a load for a call: ``name(...)``)
+    name = ins[j].argval
+    first_end = j
+    if first_end + 1 < len(ins) and ins[first_end + 1].opname in _ATTRS:
+        first_end += 1
+    # the stack depth over the arguments: the API call is where it drops below zero
+    depth, depths, end = 0, [], None
+    for k in range(j, len(ins)):
+        if ins[k].opcode in _JUMPS:
+            return None
+        depth += _effect(ins[k])
+        depths.append(depth)
+        if depth < 0:
+            end = k
+            break
+    if end is None:
+        return None
+    tail = end
+    while tail > j and ins[tail].opname in _CALL_TAIL:
+        tail -= 1
+    # the first argument is done at ``first_end`` (depth 1) and stays on the stack until the call
+    if depths[first_end - j] != 1 or ins[first_end].opname == "LOAD_METHOD":
+        return None
+    if any(d < 1 for d in depths[first_end - j:tail - j + 1]):
+        return None
+    if first_end > j:
+        obj = _resolve(fn, ins[j])
+        attr = ins[first_end].argval
+        member = inspect.getattr_static(type(obj), attr, None) if obj is not _MISSING else None
+        if not isinstance(member, types.FunctionType) and attr not in getattr(obj, "__dict__",
+                                                                              {}):
+            return None  # a property or other descriptor runs code while tracing
+    return str(name)
+
+
+def _uses(code: types.CodeType) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in _instructions(code):
+        if i.opname in _USES and isinstance(i.argval, str):
+            out[i.argval] = out.get(i.argval, 0) + 1
+    return out
+
+
+def _all_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names) | set(code.co_freevars) | set(code.co_cellvars)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _all_names(c)
+    return names
