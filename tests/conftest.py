@@ -196,6 +196,11 @@ from kiln_probe import TRACE, call, report  # noqa: E402
 # Environment variables that change what kiln or jax do; children start without them.
 _SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
 
+# The folder holding the kiln under test: children import this one (behind any PYTHONPATH a test
+# gives them), not whichever kiln is installed (a git worktree's tests would otherwise run the
+# installed checkout's kiln in every child)
+_KILN_SRC = str(Path(kiln.__file__).resolve().parents[1])
+
 
 @dataclass
 class Run:
@@ -262,6 +267,8 @@ class Program:
         child_env.pop("PYTHONPATH", None)
         child_env.update(self.base_env)
         child_env.update(env or {})
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (child_env.get("PYTHONPATH"), _KILN_SRC) if p)
         proc = subprocess.Popen(
             [sys.executable, "prog.py", *args], cwd=self.dir, env=child_env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -73,7 +73,8 @@ def jit(
     callbacks). A stored executable is used only when nothing it was built from changed: the
     function's code and the code of user helpers it calls, module globals, closure values and
     defaults it reads, static argument values, argument avals and structure, jax config that
-    changes tracing, ``XLA_FLAGS``, jax / jaxlib / library versions, backend and device kind.
+    changes tracing, compile options from jax's config and ``XLA_FLAGS`` as the backend read
+    them at start, jax / jaxlib / library versions, backend and device kind.
 
     Arguments follow ``jax.jit``'s contract: dynamic arguments are pytrees of arrays and
     Python scalars (traced); any other leaf (a string, a function) raises jax's

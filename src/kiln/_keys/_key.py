@@ -9,7 +9,12 @@ Parts (each logged at DEBUG with its own short hash, so two keys can be diffed):
   executable needs from the machine (on CPU the architecture and instruction-set features, on
   GPU the compute capability: :mod:`kiln._keys._machine`);
 - ``config:<name>``: every jax config value that changes tracing (jax's own trace context: x64,
-  default matmul precision, dtype promotion, ...); ``env:XLA_FLAGS``, ``env:LIBTPU_INIT_ARGS``;
+  default matmul precision, dtype promotion, ...);
+- what the compiler is given (:mod:`kiln._keys._compile_settings`): ``compile-options``, the
+  digest of the compile options JAX builds from its config (``jax_disable_most_optimizations``,
+  optimization levels, ...) with XLA's flags as XLA parsed them; ``xla-flags:XLA_FLAGS``,
+  ``xla-flags:LIBTPU_INIT_ARGS`` (and ``xla-flags:argv``): the flags as the backend read them
+  when it started, a flags file by its contents (``os.environ`` changed later is not read);
 - ``function``: module + qualname; ``fingerprint``: the static-walk digest
   (:mod:`kiln._keys._fingerprint`), or ``lowered``: the digest of the lowered module on the verify
   path;
@@ -32,7 +37,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +46,7 @@ import jaxlib
 from .._base import _jax_compat
 from ..stores._entry import FORMAT_VERSION, short_key
 from . import _args
+from ._compile_settings import compile_settings_parts
 from ._machine import machine_part
 
 __all__ = ["KeyParts", "avals_text", "environment_parts", "machine", "make_key", "option_text",
@@ -83,6 +88,12 @@ def _static_environment() -> tuple[tuple[str, str], ...]:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _default_client() -> Any:
+    """The default backend's client (started once: its XLA flags are known after it)."""
+    return jax.devices()[0].client
+
+
 def machine() -> str:
     """This process's ``machine`` key part (its default backend's;
     see :mod:`kiln._keys._machine`)."""
@@ -90,14 +101,14 @@ def machine() -> str:
 
 
 def environment_parts() -> list[tuple[str, str]]:
-    """Key parts describing versions, backend, tracing config and XLA flags (in this order)."""
+    """Key parts describing versions, backend, tracing config, compile options and XLA flags
+    (in this order)."""
     parts = list(_static_environment())
     parts += [(f"config:{n}", v) for n, v in _jax_compat.trace_context()]
     # config that changes tracing but is not in jax's trace context (jax 0.10.2)
     for name in _EXTRA_CONFIG:
         parts.append((f"config:{name}", repr(getattr(jax.config, name, None))))
-    for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
-        parts.append((f"env:{var}", os.environ.get(var, "")))
+    parts += compile_settings_parts(_default_client())
     return parts
 
 
