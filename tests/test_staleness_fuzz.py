@@ -674,14 +674,34 @@ CORPUS: list[Template] = [
                     return jax.pure_callback(CB, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
 
 
+                class Sink:
+                    def __init__(self):
+                        self.seen = []
+                        self.s = 1.0
+
+                    def record(self, v):
+                        self.seen.append(float(np.sum(v)) * self.s)
+
+
+                SINK = Sink()
+
+
+                def f_sink(x):
+                    jax.debug.callback(SINK.record, x)
+                    return x * 2.0
+
+
                 def CALL(fn, x):
-                    LIVE.s = STATE.s = 1.0
+                    LIVE.s = STATE.s = SINK.s = 1.0
+                    SINK.seen.clear()
                     fn(x)
-                    LIVE.s = STATE.s = $live_s  # the live objects change after the first call
-                    return fn(x)
+                    LIVE.s = STATE.s = SINK.s = $live_s  # the live objects change
+                    out = fn(x)
+                    # what the callbacks did to the live objects is part of the result
+                    return out, np.array(SINK.seen, dtype=np.float32)
 
 
-                FUNCS = ["f_live", "f_live_closure"]
+                FUNCS = ["f_live", "f_live_closure", "f_sink"]
                 """,
         },
         {"live_s": Site("callback_live_object")},
@@ -987,7 +1007,7 @@ CORPUS: list[Template] = [
 
 
                 def f_x64(x):
-                    return x + jnp.array(0.1)
+                    return x + jnp.array(0.1, dtype=float)  # float64 under x64
 
 
                 FUNCS = ["f_x64"]
@@ -1186,7 +1206,10 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _shown(rec: dict[str, Any]) -> str:
     if "error" in rec:
         return rec["error"][:200]
-    return f"{rec['leaves']} {rec['dtypes']}"
+    flat = [np.ravel(np.asarray(leaf, dtype=float)) for leaf in rec["leaves"]]
+    values = np.concatenate(flat) if flat else np.zeros(0)
+    head = ", ".join(f"{v:.9g}" for v in values[:4]) + (", ..." if values.size > 4 else "")
+    return f"[{head}] ({values.size} values, {'/'.join(rec['dtypes'])})"
 
 
 def _how(rec: dict[str, Any]) -> str:
