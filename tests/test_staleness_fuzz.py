@@ -64,11 +64,11 @@ SEED = int(os.environ.get("KILN_FUZZ_SEED", "33"))
 BUDGET_S = float(os.environ.get("KILN_FUZZ_BUDGET_S", "75"))
 MAX_EDITS = int(os.environ["KILN_FUZZ_EDITS"]) if os.environ.get("KILN_FUZZ_EDITS") else None
 
+SOLOS_PER_ROUND = 2  # programs with process-wide state edited per round, a process each
+
 # Edit kinds stale on today's kiln (being fixed): run and reported, not failed on.
 KNOWN_STALE_TODAY = {
     "compile_disable_most_optimizations",  # jax.config.update("jax_disable_most_optimizations")
-    "xla_flags_set_in_program",  # os.environ["XLA_FLAGS"] = ... before the backend starts
-    "callback_live_object",  # pure_callback(obj.method): obj mutated after the first call
     "package_data_pkgutil",  # pkgutil.get_data(__package__, ...) while tracing
     "dataclass_field_metadata",  # dataclasses.fields(C)[0].metadata["scale"]
     "primitive_lowering_rule",  # a custom Primitive's mlir lowering rule's code
@@ -841,8 +841,11 @@ CORPUS: list[Template] = [
         {
             "__init__.py": "",
             "late.py": "def g(x):\n    return x * $late_c\n",
+            "loaded.py": "def g(x):\n    return x + $loaded_c\n",
             "main.py": """\
                 import numpy as np
+
+                from . import loaded as _  # noqa: F401  (in sys.modules before any trace)
 
                 ARG = np.array([0.5, 1.25, -2.0], dtype=np.float32)
 
@@ -852,10 +855,15 @@ CORPUS: list[Template] = [
                     return late.g(x)
 
 
-                FUNCS = ["f_dot_import"]
+                def f_dot_import_loaded(x):
+                    from . import loaded
+                    return loaded.g(x)
+
+
+                FUNCS = ["f_dot_import", "f_dot_import_loaded"]
                 """,
         },
-        {"late_c": Site("relative_import_in_body")},
+        {"late_c": Site("relative_import_in_body"), "loaded_c": Site("relative_import_in_body")},
     ),
     Template(
         "frompyfunc",
@@ -1070,6 +1078,34 @@ CORPUS: list[Template] = [
         own_process=True,
     ),
     Template(
+        "jax_rng_config",
+        {
+            "__init__.py": "",
+            "main.py": """\
+                import jax
+                import numpy as np
+
+                jax.config.update("jax_threefry_partitionable", $partitionable)
+                jax.config.update("jax_default_prng_impl", "$prng_impl")
+                ARG = np.array([0.5, 1.25, -2.0], dtype=np.float32)
+
+
+                def f_random(x):
+                    return x + jax.random.normal(jax.random.key(0), x.shape)
+
+
+                def f_uniform_sum(x):
+                    return x * jax.random.uniform(jax.random.key(1), (1000,)).sum()
+
+
+                FUNCS = ["f_random", "f_uniform_sum"]
+                """,
+        },
+        {"partitionable": Site("jax_config_threefry_partitionable", BOOLS),
+         "prng_impl": Site("jax_config_prng_impl", ("threefry2x32", "rbg", "unsafe_rbg"))},
+        own_process=True,
+    ),
+    Template(
         "flax_flag",
         {
             "__init__.py": "",
@@ -1275,11 +1311,10 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
 
     # round 0: everything cold (the programs run alone first, one after another)
     round_s = 0.0
-    procs = [(launch(shared), shared)] + [(launch([i]), [i]) for i in alone[:1]]
-    for proc, group in procs:
-        collect(prog.finish(proc, timeout=600), group, 0, {})
-    for inst in alone[1:]:
-        collect(prog.finish(launch([inst]), timeout=600), [inst], 0, {})
+    for n in range(0, len(alone), SOLOS_PER_ROUND):
+        groups = ([shared] if n == 0 else []) + [[i] for i in alone[n:n + SOLOS_PER_ROUND]]
+        for proc, group in [(launch(g), g) for g in groups]:
+            collect(prog.finish(proc, timeout=600), group, 0, {})
     cold_s = time.monotonic() - start
     round_times: list[float] = []
     rnd = 0
@@ -1288,9 +1323,9 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
         if t0 - start + round_s > BUDGET_S or (MAX_EDITS is not None and edits_tried >= MAX_EDITS):
             break
         rnd += 1
-        solo = alone[rng.randrange(len(alone))]
+        solos = rng.sample(alone, min(SOLOS_PER_ROUND, len(alone)))
         edits: dict[str, tuple[str, str]] = {}
-        for inst in [*shared, solo]:
+        for inst in [*shared, *solos]:
             if MAX_EDITS is not None and edits_tried >= MAX_EDITS:
                 break
             name = rng.choice(sorted(inst.template.sites))
@@ -1300,7 +1335,7 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
             inst.values[name] = new
             inst.write(prog.dir)
             edits_tried += 1
-        groups = [g for g in (shared, [solo]) if any(i.package in edits for i in g)]
+        groups = [g for g in (shared, *([i] for i in solos)) if any(i.package in edits for i in g)]
         running = [(launch(g), g) for g in groups]
         for proc, group in running:
             collect(prog.finish(proc, timeout=600), group, rnd, edits)
