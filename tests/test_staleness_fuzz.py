@@ -537,7 +537,7 @@ CORPUS: list[Template] = [
                 ARG = np.array([0.5, 1.25, -2.0], dtype=np.float32)
 
                 W = np.array([1.0, $w_elem, 3.0], dtype=np.float32)
-                SCALE = $g_scale
+                SCALE = $g_scale  # revision $rev (a comment: no value changes)
 
 
                 def f_array(x):
@@ -551,7 +551,8 @@ CORPUS: list[Template] = [
                 FUNCS = ["f_array", "f_scale"]
                 """,
         },
-        {"w_elem": Site("global_array_element"), "g_scale": Site("global_float")},
+        {"w_elem": Site("global_array_element"), "g_scale": Site("global_float"),
+         "rev": Site("comment_only", ("1", "2", "3"))},
     ),
     Template(
         "lazy",
