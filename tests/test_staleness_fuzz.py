@@ -37,6 +37,7 @@ test: they are stale on today's kiln and being fixed; empty the set as the fixes
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import io
@@ -995,9 +996,8 @@ CORPUS: list[Template] = [
             "../site-packages/fz_fakelib-1.0.dist-info/METADATA": (
                 "Metadata-Version: 2.1\nName: fz_fakelib\nVersion: 1.0\n"),
             "../site-packages/fz_fakelib-1.0.dist-info/top_level.txt": "fz_fakelib\n",
-            "../site-packages/fz_fakelib-1.0.dist-info/RECORD": lambda v: (
-                "fz_fakelib/__init__.py,sha256=%s,%d\n" % _record(
-                    f"def scale(x):\n    return x * {v['re_c']}\n")).encode(),
+            "../site-packages/fz_fakelib-1.0.dist-info/RECORD": lambda v: _record(
+                "fz_fakelib/__init__.py", f"def scale(x):\n    return x * {v['re_c']}\n"),
         },
         {"re_c": Site("library_reinstall_same_version")},
     ),
@@ -1139,12 +1139,11 @@ CORPUS: list[Template] = [
 ]
 
 
-def _record(text: str) -> tuple[str, int]:
-    import base64
-
+def _record(name: str, text: str) -> bytes:
+    """A wheel RECORD line for one file (what pip writes when it installs it)."""
     data = text.encode()
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return digest, len(data)
+    return f"{name},sha256={digest},{len(data)}\n".encode()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1208,7 +1207,7 @@ class Instance:
             path = root / self.package / name
             if data is None:
                 path.unlink(missing_ok=True)
-                if not any(path.parent.iterdir()):
+                if path.parent.is_dir() and not any(path.parent.iterdir()):
                     path.parent.rmdir()
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -1237,7 +1236,8 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if a["dtypes"] != b["dtypes"] or a["tree"] != b["tree"]:
         return False
     return all(np.array_equal(np.asarray(x, dtype=float), np.asarray(y, dtype=float),
-                              equal_nan=True) for x, y in zip(a["leaves"], b["leaves"], strict=True))
+                              equal_nan=True)
+               for x, y in zip(a["leaves"], b["leaves"], strict=True))
 
 
 def _shown(rec: dict[str, Any]) -> str:
@@ -1291,7 +1291,7 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
                 ) -> None:
         for inst in group:
             kind, edit = edits.get(inst.package, ("cold", "cold"))
-            hows, changed = set(), False
+            hows, changed, stale = set(), False, False
             for fname in _funcs(inst):
                 k, j = run[f"{inst.package}.{fname}:kiln"], run[f"{inst.package}.{fname}:jax"]
                 o = Outcome(rnd, inst.package, edit, kind, fname, k, j)
@@ -1300,8 +1300,8 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
                 prev = last_jax.get(o.package + "." + fname)
                 changed |= prev is not None and not _same(prev, j)
                 last_jax[o.package + "." + fname] = j
-                if o.stale:
-                    per_kind[kind]["stale"] += 1
+                stale |= o.stale
+            per_kind[kind]["stale"] += stale
             if rnd:
                 c = per_kind[kind]
                 c["tried"] += 1
@@ -1346,13 +1346,14 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
     wall = time.monotonic() - start
     stale = [o for o in outcomes if o.stale]
     failing = [o for o in stale if o.kind not in KNOWN_STALE_TODAY]
-    by_kind = Counter(o.kind for o in stale)
-    summary = (f"staleness fuzz: seed {SEED}, {edits_tried} edits tried, {len(stale)} stale "
-               f"(by kind: {', '.join(f'{k} {n}' for k, n in sorted(by_kind.items())) or 'none'})"
+    by_kind = {k: c["stale"] for k, c in sorted(per_kind.items()) if c["stale"]}
+    summary = (f"staleness fuzz: seed {SEED}, {edits_tried} edits tried, "
+               f"{sum(by_kind.values())} stale (by kind: "
+               f"{', '.join(f'{k} {n}' for k, n in by_kind.items()) or 'none'})"
                f"; {rnd} rounds, {wall:.0f} s (cold {cold_s:.0f} s, rounds "
                f"{np.mean(round_times) if round_times else 0:.1f} s each)")
-    lines = [summary, "kind: tried / jax.jit value changed / kiln missed / verified / hit / "
-             "stale calls" + "   (* known stale today)"]
+    lines = [summary, "edits per kind: tried / jax.jit's value changed / kiln missed / kiln hit "
+             "after a trace (verify path) / kiln hit / stale   (* known stale today)"]
     for kind in sorted(per_kind):
         c = per_kind[kind]
         mark = "*" if kind in KNOWN_STALE_TODAY else " "
@@ -1360,7 +1361,7 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
                      f"{c['verified']} / {c['hit']} / {c['stale']}")
     known = [o for o in stale if o.kind in KNOWN_STALE_TODAY]
     if known:
-        lines.append(f"known stale today (reported, not failed): {len(known)} calls; "
+        lines.append(f"known stale today (reported, not failed): {len(known)} stale calls; "
                      "the first of each kind:")
         firsts = {o.kind: o for o in reversed(known)}
         lines += [_line(firsts[k]) for k in sorted(firsts)]
