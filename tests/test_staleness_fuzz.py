@@ -69,7 +69,6 @@ SOLOS_PER_ROUND = 2  # programs with process-wide state edited per round, a proc
 
 # Edit kinds stale on today's kiln (being fixed): run and reported, not failed on.
 KNOWN_STALE_TODAY = {
-    "compile_disable_most_optimizations",  # jax.config.update("jax_disable_most_optimizations")
     "package_data_pkgutil",  # pkgutil.get_data(__package__, ...) while tracing
     "dataclass_field_metadata",  # dataclasses.fields(C)[0].metadata["scale"]
     "primitive_lowering_rule",  # a custom Primitive's mlir lowering rule's code
