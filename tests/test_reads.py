@@ -102,15 +102,47 @@ def test_a_file_modified_just_now_is_always_read_again(cwd: Path) -> None:
     assert check_read(*item) == "cfg.json changed"
 
 
-def test_only_the_tracing_thread_counts(cwd: Path) -> None:
-    (cwd / "mine").write_text("")
-    (cwd / "theirs").write_text("")
-    with ReadRecorder() as r:
-        t = threading.Thread(target=lambda: open("theirs").close())
+def test_threads_the_trace_starts_count_and_threads_running_before_do_not(cwd: Path) -> None:
+    """A thread started while recording reads for the trace (a ThreadPoolExecutor the trace
+    submits to); a thread that was running before the recording opened is not watched (a
+    documented limit), and neither is a thread once the recording has closed."""
+    import queue
+
+    for name in ("mine", "child", "grandchild", "before", "after"):
+        (cwd / name).write_text("")
+    jobs: queue.Queue[str | None] = queue.Queue()
+    done: queue.Queue[str] = queue.Queue()
+
+    def worker() -> None:
+        while (name := jobs.get()) is not None:
+            open(name).close()
+            done.put(name)
+
+    running = threading.Thread(target=worker)
+    running.start()
+
+    def child() -> None:
+        open("child").close()
+        t = threading.Thread(target=lambda: open("grandchild").close())
         t.start()
         t.join()
+
+    with ReadRecorder() as r:
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+        jobs.put("before")
+        assert done.get() == "before"
         open("mine").close()
-    assert [i[0] for i in r.items()] == ["mine"]
+        go = threading.Event()
+        late = threading.Thread(target=lambda: (go.wait(), open("after").close()))
+        late.start()
+    go.set()
+    late.join()
+    jobs.put(None)
+    running.join()
+    assert [i[0] for i in r.items()] == ["child", "grandchild", "mine"]
+    assert threading.Thread.start.__module__ == "threading" and os.stat.__module__ == "posix"
 
 
 def test_libraries_imports_and_ignored_directories_are_not_inputs(cwd: Path) -> None:
