@@ -195,6 +195,9 @@ from kiln_probe import TRACE, call, report  # noqa: E402
 
 # Environment variables that change what kiln or jax do; children start without them.
 _SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
+# The folder of the kiln under test: children import that kiln, not the one an editable install
+# of another checkout points at (a worktree's tests ran the main checkout's kiln)
+_KILN_SRC = os.path.dirname(os.path.dirname(os.path.abspath(kiln.__file__)))
 
 
 @dataclass
@@ -262,6 +265,9 @@ class Program:
         child_env.pop("PYTHONPATH", None)
         child_env.update(self.base_env)
         child_env.update(env or {})
+        if not _KILN_SRC.endswith(("site-packages", "dist-packages")):
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (child_env.get("PYTHONPATH"), _KILN_SRC) if p)
         proc = subprocess.Popen(
             [sys.executable, "prog.py", *args], cwd=self.dir, env=child_env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
