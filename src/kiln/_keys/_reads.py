@@ -315,7 +315,9 @@ def _probe(original: Callable[..., Any], kind: str) -> Callable[..., Any]:
                 return _probed(original, kind, path, args, kwargs, tuple(recorders), me)
         return original(path, *args, **kwargs)
 
+    # named as the original, so pickle and kiln's walk find it as that (posix.stat)
     probe.__name__ = probe.__qualname__ = original.__name__
+    probe.__module__ = original.__module__
     probe.__doc__ = original.__doc__
     probe.__wrapped__ = original  # type: ignore[attr-defined]
     return probe
