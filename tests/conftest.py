@@ -195,7 +195,6 @@ from kiln_probe import TRACE, call, report  # noqa: E402
 
 # Environment variables that change what kiln or jax do; children start without them.
 _SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
-
 # The folder holding the kiln under test: children import this one (behind any PYTHONPATH a test
 # gives them), not whichever kiln is installed (a git worktree's tests would otherwise run the
 # installed checkout's kiln in every child)
@@ -267,8 +266,9 @@ class Program:
         child_env.pop("PYTHONPATH", None)
         child_env.update(self.base_env)
         child_env.update(env or {})
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (child_env.get("PYTHONPATH"), _KILN_SRC) if p)
+        if not _KILN_SRC.endswith(("site-packages", "dist-packages")):
+            child_env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (child_env.get("PYTHONPATH"), _KILN_SRC) if p)
         proc = subprocess.Popen(
             [sys.executable, "prog.py", *args], cwd=self.dir, env=child_env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln._keys._reads import DIR, FILE, ReadRecorder, check_read
+from kiln._keys._reads import DIR, FILE, STAT, ReadRecorder, check_read, check_stat
 
 
 @pytest.fixture
@@ -102,15 +102,47 @@ def test_a_file_modified_just_now_is_always_read_again(cwd: Path) -> None:
     assert check_read(*item) == "cfg.json changed"
 
 
-def test_only_the_tracing_thread_counts(cwd: Path) -> None:
-    (cwd / "mine").write_text("")
-    (cwd / "theirs").write_text("")
-    with ReadRecorder() as r:
-        t = threading.Thread(target=lambda: open("theirs").close())
+def test_threads_the_trace_starts_count_and_threads_running_before_do_not(cwd: Path) -> None:
+    """A thread started while recording reads for the trace (a ThreadPoolExecutor the trace
+    submits to); a thread that was running before the recording opened is not watched (a
+    documented limit), and neither is a thread once the recording has closed."""
+    import queue
+
+    for name in ("mine", "child", "grandchild", "before", "after"):
+        (cwd / name).write_text("")
+    jobs: queue.Queue[str | None] = queue.Queue()
+    done: queue.Queue[str] = queue.Queue()
+
+    def worker() -> None:
+        while (name := jobs.get()) is not None:
+            open(name).close()
+            done.put(name)
+
+    running = threading.Thread(target=worker)
+    running.start()
+
+    def child() -> None:
+        open("child").close()
+        t = threading.Thread(target=lambda: open("grandchild").close())
         t.start()
         t.join()
+
+    with ReadRecorder() as r:
+        t = threading.Thread(target=child)
+        t.start()
+        t.join()
+        jobs.put("before")
+        assert done.get() == "before"
         open("mine").close()
-    assert [i[0] for i in r.items()] == ["mine"]
+        go = threading.Event()
+        late = threading.Thread(target=lambda: (go.wait(), open("after").close()))
+        late.start()
+    go.set()
+    late.join()
+    jobs.put(None)
+    running.join()
+    assert [i[0] for i in r.items()] == ["child", "grandchild", "mine"]
+    assert threading.Thread.start.__module__ == "threading" and os.stat.__module__ == "posix"
 
 
 def test_libraries_imports_and_ignored_directories_are_not_inputs(cwd: Path) -> None:
@@ -121,6 +153,139 @@ def test_libraries_imports_and_ignored_directories_are_not_inputs(cwd: Path) -> 
         open("store/entry").close()
         import colorsys  # noqa: F401  (the import system's own reads)
     assert r.items() == [] and r.unkeyable is None
+
+
+def test_package_data_read_through_a_loader_is_the_user_s_read(
+    cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pkgutil.get_data`` reads through the import system's loader (``get_data``): the data
+    is the program's input; the import system importing a module stays machinery."""
+    import importlib.resources
+    import pkgutil
+
+    (cwd / "udata").mkdir()
+    (cwd / "udata" / "__init__.py").write_text("")
+    (cwd / "udata" / "coeffs.txt").write_text("2.0")
+    (cwd / "udata" / "scale.txt").write_text("5.0")
+    (cwd / "ulater.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(cwd))
+    import udata  # noqa: F401
+
+    with ReadRecorder() as r:
+        assert pkgutil.get_data("udata", "coeffs.txt") == b"2.0"
+        assert importlib.resources.files("udata").joinpath("scale.txt").read_text() == "5.0"
+        import ulater  # noqa: F401  (imported while recording: not a read)
+    assert [i[:2] for i in r.items()] == [[str(cwd / "udata" / "coeffs.txt"), FILE],
+                                         [str(cwd / "udata" / "scale.txt"), FILE]]
+    monkeypatch.delitem(sys.modules, "udata")
+    monkeypatch.delitem(sys.modules, "ulater")
+
+
+@pytest.mark.parametrize(("database", "uri", "keyed"), [
+    ("p.db", False, ["p.db", "p.db-journal", "p.db-wal"]),
+    ("file:p.db?mode=ro", True, ["file:p.db?mode=ro", "file:p.db?mode=ro-journal",
+                                 "file:p.db?mode=ro-wal", "p.db", "p.db-journal", "p.db-wal"]),
+    (":memory:", False, []),
+    ("", False, []),
+    ("file:p.db?mode=memory", True, ["file:p.db?mode=memory", "file:p.db?mode=memory-journal",
+                                     "file:p.db?mode=memory-wal"]),
+])
+def test_a_sqlite_database_is_keyed_with_its_companion_files(
+    cwd: Path, database: str, uri: bool, keyed: list[str]
+) -> None:
+    """The database file and its -wal / -journal companions by content (a file: URI by its
+    path, and by the name as given: the event does not say whether uri=True); an in-memory
+    or a temporary database is no file."""
+    import sqlite3
+
+    with sqlite3.connect("p.db") as db:
+        db.execute("CREATE TABLE t (v REAL)")
+    db.close()
+    _old(cwd / "p.db")
+    with ReadRecorder() as r:
+        sqlite3.connect(database, uri=uri).close()
+    items = r.items()
+    assert r.unkeyable is None
+    assert [i[0] for i in items] == keyed and all(i[1] == FILE for i in items)
+    for path, _, digest, _stat in items:
+        assert (digest == "absent") == (path != "p.db")
+    if "p.db" in keyed:
+        with sqlite3.connect("p.db") as db:
+            db.execute("INSERT INTO t VALUES (1.0)")
+        db.close()
+        assert check_read(*next(i for i in items if i[0] == "p.db")) == "p.db changed"
+
+
+def test_path_checks_are_keyed_by_what_they_see(cwd: Path) -> None:
+    """Existence and type checks open nothing: os.stat, os.lstat and os.access are wrapped
+    while a recording is open, and each check is keyed by what it could see."""
+    (cwd / "there.json").write_text("{}")
+    _old(cwd / "there.json")
+    with ReadRecorder() as r:
+        assert os.stat is not os.stat.__wrapped__  # type: ignore[attr-defined]
+        assert os.stat in os.supports_dir_fd  # shutil.rmtree keeps its descriptor walk
+        assert not os.path.exists("ovr.json")
+        assert os.path.isfile("there.json")
+        assert not Path("sub").is_dir()
+        assert not os.path.lexists("link")
+        st = os.stat("there.json")
+        assert os.access("there.json", os.R_OK)
+    assert os.stat.__module__ == "posix" and not hasattr(os.stat, "__wrapped__")
+    items = r.items()
+    assert r.unkeyable is None
+    assert [i[0] for i in items if i[1] != STAT] == []
+    checks = {(i[0], i[3]): i[2] for i in items}
+    assert checks == {
+        ("ovr.json", "type"): "absent", ("there.json", "type"): "file",
+        ("sub", "type"): "absent", ("link", "ltype"): "absent",
+        ("there.json", "stat"): (f"{st.st_mode:o}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:"
+                                 f"{st.st_dev}:{st.st_nlink}:{st.st_uid}:{st.st_gid}"),
+        ("there.json", f"access:{os.R_OK}:0:1"): "1",
+    }
+    assert all(check_stat(i[0], i[2], i[3]) is None for i in items)
+    (cwd / "ovr.json").write_text("{}")
+    (cwd / "sub").mkdir()
+    os.symlink("there.json", cwd / "link")
+    os.utime(cwd / "there.json")
+    by = {(i[0], i[3]): i for i in items}
+    assert check_stat(*by["ovr.json", "type"][::2], "type") == (
+        "ovr.json exists now (absent when the entry was made)")
+    assert check_stat("sub", "absent", "type") is not None
+    assert check_stat("link", "absent", "ltype") is not None
+    assert check_stat("there.json", checks["there.json", "type"], "type") is None  # still a file
+    assert check_stat("there.json", checks["there.json", "stat"], "stat") is not None  # touched
+    os.remove(cwd / "there.json")
+    assert check_stat("there.json", "file", "type") == "there.json no longer exists"
+
+
+def test_a_check_that_changes_while_tracing_is_unkeyable(cwd: Path) -> None:
+    with ReadRecorder() as r:
+        if not os.path.exists("made.txt"):
+            open("made.txt", "w").close()
+    assert r.items() == [] and r.unkeyable == "made.txt changed while the function was traced"
+
+
+def test_a_check_relative_to_a_directory_descriptor_is_unkeyable(cwd: Path) -> None:
+    fd = os.open(".", os.O_RDONLY)
+    try:
+        with ReadRecorder() as r:
+            with pytest.raises(FileNotFoundError):
+                os.stat("nothing", dir_fd=fd)
+    finally:
+        os.close(fd)
+    assert r.items() == [] and "dir_fd" in (r.unkeyable or "")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="_thread.start_new_thread is audited "
+                    "from Python 3.12")
+def test_a_thread_started_without_threading_is_unkeyable(cwd: Path) -> None:
+    import _thread
+
+    done = threading.Event()
+    with ReadRecorder() as r:
+        _thread.start_new_thread(done.set, ())
+        done.wait()
+    assert r.items() == [] and "cannot follow" in (r.unkeyable or "")
 
 
 @pytest.mark.parametrize("what", ["device", "changed", "socket", "subprocess", "fd", "proc"])

@@ -7,7 +7,8 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
   of it (:class:`kiln._keys._walker.Walker`);
 - ``[module, "<module>", digest, names]``: a user module imported while tracing, by the values
   of the attributes ``names``;
-- ``[path, "<file>" | "<dir>", digest, stat]``: a file or directory the trace read
+- ``[path, "<file>" | "<dir>", digest, stat]``: a file or directory the trace read, and
+  ``[path, "<stat>", value, how]``: a path it checked without opening it
   (:mod:`kiln._keys._reads`).
 """
 
@@ -25,7 +26,7 @@ from ._code import code_names
 from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
 from ._libraries import is_user_file, module_is_user
-from ._reads import DIR, FILE, check_read
+from ._reads import DIR, FILE, STAT, check_read, check_stat
 from ._walker import Walker, module_attr, walk_failure
 
 __all__ = ["check_manifest", "manifest_for"]
@@ -129,8 +130,8 @@ def manifest_for(
       while tracing, so the walk before the trace could not see it): the attributes ``names``
       that any walked code reads, by value;
     - ``reads``: the files and directories the trace read (``[path, "<file>" | "<dir>",
-      digest, stat]``, :class:`kiln._keys._reads.ReadRecorder`), or ``read_reason`` why they cannot
-      be keyed.
+      digest, stat]``) and the paths it checked (``[path, "<stat>", value, how]``),
+      :class:`kiln._keys._reads.ReadRecorder`, or ``read_reason`` why they cannot be keyed.
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found
     again by module + qualname, or some read cannot be keyed (the fingerprint is then
@@ -227,6 +228,12 @@ def check_manifest(
         if qualname in (FILE, DIR):
             # a file or directory the cold trace read: ``module`` is its path
             changed = check_read(module, qualname, digest, rest[0] if rest else "")
+            if changed is not None:
+                return changed
+            continue
+        if qualname == STAT:
+            # a path the cold trace checked (os.path.exists, os.stat): ``module`` is its path
+            changed = check_stat(module, digest, rest[0] if rest else "")
             if changed is not None:
                 return changed
             continue

@@ -35,9 +35,10 @@ class TraceRecorder:
       no such hook at a bearable price (``sys.setprofile`` added 60% to that trace), so there
       the manifest holds the functions that emitted equations only.
 
-    - ``reads``: files this thread opened and directories it listed while tracing, as
-      manifest items (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed
-      (a socket, a pipe, a file that changed during the trace), else None.
+    - ``reads``: files and databases this thread (and the threads it started while tracing)
+      opened, directories it listed and paths it checked while tracing, as manifest items
+      (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed (a socket, a
+      pipe, a file that changed during the trace), else None.
 
     Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
     ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
