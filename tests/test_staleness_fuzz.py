@@ -69,16 +69,11 @@ SOLOS_PER_ROUND = 2  # programs with process-wide state edited per round, a proc
 
 # Edit kinds stale on today's kiln (being fixed): run and reported, not failed on.
 KNOWN_STALE_TODAY = {
-    "package_data_pkgutil",  # pkgutil.get_data(__package__, ...) while tracing
     "dataclass_field_metadata",  # dataclasses.fields(C)[0].metadata["scale"]
     "primitive_lowering_rule",  # a custom Primitive's mlir lowering rule's code
     "primitive_lower_fun",  # ... and the function of its mlir.lower_fun(...) rule
     "frompyfunc_lambda",  # np.frompyfunc(lambda v: v * C, 1, 1) applied while tracing
     "flax_config_flag",  # flax.config.update("flax_fix_rng_separator", ...)
-    "sqlite_read",  # sqlite3.connect(...).execute(...) while tracing
-    "thread_read",  # a file read in a thread the trace starts and joins
-    "os_path_exists",  # if os.path.exists(flag): ...
-    "library_reinstall_same_version",  # an installed library's code changed, same version
 }
 
 FLOATS = ("0.5", "1.5", "2.0", "3.0", "-1.0", "0.25", "4.0", "-2.5")
