@@ -37,7 +37,7 @@ from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
 from ._libraries import LIB_ROOTS, is_user_class, is_user_file, module_is_user
 from ._reads import DIR, FILE, check_read
-from ._walker import Walker, library_config_object, module_attr, walk_failure
+from ._walker import Walker, library_config_object, module_attr, slots_of, walk_failure
 
 __all__ = ["check_manifest", "manifest_for"]
 
@@ -334,8 +334,8 @@ def _library_shape(rule: Any) -> str | None:
             return all(feed(x, depth + 1) for x in (v.func, *v.args, *v.keywords.items()))
         if tp is types.MethodType:
             return feed(v.__func__, depth + 1) and feed(v.__self__, depth + 1)
-        if tp is tuple or tp is list:
-            add(f"{tp.__name__}[{len(v)}];")
+        if isinstance(v, tuple | list):  # (a NamedTuple: mlir's LoweringRuleEntry)
+            add(f"{tp.__module__}.{tp.__qualname__}[{len(v)}];")
             return all(feed(x, depth + 1) for x in v)
         if isinstance(v, dict):
             add("dict;")
@@ -355,11 +355,11 @@ def _library_shape(rule: Any) -> str | None:
             add(f"{tp.__module__}.{tp.__qualname__}:{getattr(v, '__module__', '')}."
                 f"{getattr(v, '__qualname__', '')};")
             state = getattr(v, "__dict__", None)
+            items = sorted(state.items(), key=lambda kv: kv[0]) if isinstance(state, dict) else []
+            items += [(a, getattr(v, a)) for a in slots_of(tp) if hasattr(v, a)]
         except Exception:  # noqa: BLE001 - an attribute hook failing: walked in full
             return False
-        if isinstance(state, dict):
-            return all(feed(x, depth + 1) for x in sorted(state.items(), key=lambda kv: kv[0]))
-        return True
+        return all(feed(x, depth + 1) for x in items)
 
     return h.hexdigest() if feed(rule, 0) else None
 

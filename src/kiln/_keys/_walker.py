@@ -59,7 +59,7 @@ from ._libraries import (
     script_module,
 )
 
-__all__ = ["Walker", "library_config_object", "module_attr", "walk_failure"]
+__all__ = ["Walker", "library_config_object", "module_attr", "slots_of", "walk_failure"]
 
 _MAX_ITEMS = 5000
 # hashed by value wherever they occur (never "seen": equal values need not be one object)
@@ -455,7 +455,7 @@ class Walker:
         if any(b.__module__ == "builtins" and b is not object for b in cls.__mro__):
             return False  # a dict / list subclass: its items are not in its __dict__
         state = getattr(v, "__dict__", None)
-        slots = _slots(cls)
+        slots = slots_of(cls)
         if not isinstance(state, dict) and not slots:
             return False
         self.add(f"object:{name}", f"{cls.__module__}.{cls.__qualname__}")
@@ -471,7 +471,7 @@ class Walker:
         holds nothing Python can see (a C object, a lock): the caller decides."""
         cls = type(v)
         state = getattr(v, "__dict__", None)
-        slots = _slots(cls)  # (``dataclasses.Field``: default, default_factory, metadata...)
+        slots = slots_of(cls)  # (``dataclasses.Field``: default, default_factory, metadata...)
         if not (isinstance(state, dict) or slots) or cls.__module__.partition(".")[0] == "kiln":
             # kiln's own objects say what they are through __kiln_digest__ or __wrapped__;
             # their state (caches of compiled functions) is not what a program is built from
@@ -714,7 +714,7 @@ _BUILTINS = vars(builtins)
 _ORIGINAL_BUILTINS = dict(_BUILTINS)  # as at import: a later assignment is a patch
 
 
-def _slots(cls: type) -> tuple[str, ...]:
+def slots_of(cls: type) -> tuple[str, ...]:
     """The ``__slots__`` of ``cls`` and its bases that hold values (a string slot counts once)."""
     out: list[str] = []
     for c in cls.__mro__:
