@@ -146,10 +146,14 @@ jit = jax.jit if sys.argv[1:] == ["jax"] else kiln.jit
 @dataclasses.dataclass(frozen=True)
 class MetaCfg:
     a: float = dataclasses.field(default=1.0, metadata={"scale": 2.0})
-    b: list = dataclasses.field(default_factory=lambda: [4.0])
 
 
 CFG = MetaCfg()
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoryCfg:
+    b: list = dataclasses.field(default_factory=lambda: [4.0])
 
 
 @jit
@@ -161,7 +165,7 @@ def field_metadata(x):
 @jit
 def field_default_factory(x):
     TRACE()
-    return x + dataclasses.fields(MetaCfg)[1].default_factory()[0]
+    return x + dataclasses.fields(FactoryCfg)[0].default_factory()[0]
 
 
 @jit
