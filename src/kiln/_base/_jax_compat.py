@@ -577,8 +577,17 @@ def _is_registry(d: dict[Any, Any]) -> bool | None:
     return isinstance(next(iter(d)), _core.Primitive)
 
 
+_registry_list: list[tuple[str, dict[Any, Any], bool]] = []
+_modules_scanned = 0  # len(sys.modules) at the last scan (modules are scanned once each)
+
+
 def _scan_registries() -> list[tuple[str, dict[Any, Any], bool]]:
+    global _modules_scanned, _registry_list
+    if len(sys.modules) == _modules_scanned and not any(
+            v for _, v in _registry_candidates.values()):
+        return _registry_list
     with _registries_lock:
+        _modules_scanned = len(sys.modules)
         for modname, mod in list(sys.modules.items()):
             # (jax._src holds every registry; ``jax.interpreters.*`` re-export some of them)
             if modname in _scanned or not modname.startswith("jax._src."):
@@ -603,7 +612,8 @@ def _scan_registries() -> list[tuple[str, dict[Any, Any], bool]]:
                 del _registry_candidates[i]
                 if _is_registry(v):
                     _registries[i] = (where, v, False)
-        return sorted(_registries.values(), key=lambda r: r[0])
+        _registry_list = sorted(_registries.values(), key=lambda r: r[0])
+        return _registry_list
 
 
 def primitive_rules(prim: Any) -> list[tuple[str, Any]]:

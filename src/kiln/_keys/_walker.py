@@ -6,6 +6,15 @@ modules' attributes and user classes' methods. Values are hashed by value
 (:mod:`kiln._keys._hashing`); library code counts by the library's version
 (:mod:`kiln._keys._libraries`), what a library object holds by value.
 
+What the trace reaches besides names, the walk follows by construction: a user class's
+``vars`` in full, dunder data too (``__dataclass_fields__``: each ``Field``'s default, factory
+and metadata), but for the few attributes in ``_CLASS_NOT_DATA``; the slots of library
+objects; relative imports in a function body (``from . import consts``), resolved against its
+package; a ``jax.extend.core.Primitive`` with every rule JAX's registries hold for it
+(:meth:`Walker.try_walk_primitive`); the Python function behind an ``np.frompyfunc`` ufunc or
+an ``np.vectorize``; and the config object of every installed library the walk reaches
+(:func:`library_config_object`: ``flax.config``).
+
 A value is walked by the method its exact type names in ``_WALK_EXACT`` (as ``_hashing`` encodes
 from its ``_EXACT`` table). A value of any other type goes down the fallbacks in order of
 precedence, the first that takes it walking it: ``_WALK_ISINSTANCE`` (subclasses of those types:
@@ -705,7 +714,12 @@ _CLASS_NOT_DATA = frozenset({
     "__module__", "__qualname__",  # the class's name: in its ``class:`` part
     "__firstlineno__",  # (3.13) a line number: moving code changes no key
     "__static_attributes__",  # (3.13) names assigned to ``self.*``: derived from the methods
-    "__abstractmethods__",  # derived from the methods (a set of strings: order from the seed)
+    # derived from what is walked (and sets of strings, whose order comes from the hash seed):
+    "__abstractmethods__",  # from the methods
+    "__slotnames__",  # copyreg's cache of ``__slots__``, set when an instance is first copied
+    "__protocol_attrs__", "__non_callable_proto_members__",  # typing.Protocol: from the body
+    "__required_keys__", "__optional_keys__",  # TypedDict: from ``__annotations__``
+    "__readonly_keys__", "__mutable_keys__",
 })
 # (``__doc__`` is walked: a function's docstring is the first constant of its code, so in its
 # digest, and a class's counts the same way; editing it costs a recompile, never staleness.)
