@@ -267,7 +267,7 @@ def _primitives_digest(names: Iterable[str]) -> str:
                 w.add(f"rules:{name}", "none registered")
             for i, prim in enumerate(prims):
                 rules = [*sorted(vars(prim).items()), *_jax_compat.primitive_rules(prim)]
-                shapes = [(where, _library_shape(rule)) for where, rule in rules]
+                shapes = [(where, _shape_of(rule)) for where, rule in rules]
                 if is_user_class(type(prim)) or any(sh is None for _, sh in shapes):
                     w.value(f"{name}[{i}]", prim)  # the full walk (Walker.try_walk_primitive)
                     continue
@@ -283,6 +283,20 @@ def _primitives_digest(names: Iterable[str]) -> str:
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
+# id -> (rule, shape) of the library rules seen in this process: a library's rule object is
+# taken as fixed once registered (registering another rule puts another object in its place),
+# so a process with several functions shapes jax's rules once
+_SHAPES: dict[int, tuple[Any, str | None]] = {}
+
+
+def _shape_of(rule: Any) -> str | None:
+    known = _SHAPES.get(id(rule))
+    if known is not None and known[0] is rule:
+        return known[1]
+    shape = _library_shape(rule)
+    if shape is not None and type(rule) not in _PLAIN:
+        _SHAPES[id(rule)] = (rule, shape)  # (holds the rule: its id is never reused)
+    return shape
 
 
 def _library_shape(rule: Any) -> str | None:
