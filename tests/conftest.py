@@ -193,12 +193,14 @@ _sys.modules["kiln_probe"] = kiln_probe
 from kiln_probe import TRACE, call, report  # noqa: E402
 '''
 
+# The folder the kiln under test was imported from, when it is a source checkout (a test run
+# with ``PYTHONPATH=<worktree>/src`` tests that worktree's kiln in its children too).
+_KILN_SRC: str | None = str(Path(kiln.__file__).resolve().parents[1])
+if _KILN_SRC.endswith(("site-packages", "dist-packages")):
+    _KILN_SRC = None
+
 # Environment variables that change what kiln or jax do; children start without them.
 _SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
-# The folder holding the kiln under test: children import this one (behind any PYTHONPATH a test
-# gives them), not whichever kiln is installed (a git worktree's tests would otherwise run the
-# installed checkout's kiln in every child)
-_KILN_SRC = str(Path(kiln.__file__).resolve().parents[1])
 
 
 @dataclass
@@ -266,9 +268,9 @@ class Program:
         child_env.pop("PYTHONPATH", None)
         child_env.update(self.base_env)
         child_env.update(env or {})
-        if not _KILN_SRC.endswith(("site-packages", "dist-packages")):
+        if _KILN_SRC is not None:  # children import the kiln under test, not an installed one
             child_env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (child_env.get("PYTHONPATH"), _KILN_SRC) if p)
+                p for p in (_KILN_SRC, child_env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
             [sys.executable, "prog.py", *args], cwd=self.dir, env=child_env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

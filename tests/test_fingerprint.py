@@ -242,3 +242,106 @@ def test_register_static_pytree_is_keyed_by_its_fields() -> None:
 
     assert _digest(make(_StaticCfg(1.0))) != _digest(make(_StaticCfg(2.0)))
     assert _digest(make(_StaticCfg(1.0))) == _digest(make(_StaticCfg(1.0)))
+
+
+# --------------------------------------------------------------------------------------------
+# what a trace reaches besides names (issue 33; cross-process: test_staleness_walk.py)
+# --------------------------------------------------------------------------------------------
+def _rule_registries():
+    from jax.interpreters import ad, batching, mlir
+
+    def lowering(p, rule):
+        mlir.register_lowering(p, rule)
+
+    def cpu_lowering(p, rule):
+        mlir.register_lowering(p, rule, platform="cpu")
+
+    def jvp(p, rule):
+        ad.primitive_jvps[p] = rule
+
+    def transpose(p, rule):
+        ad.primitive_transposes[p] = rule
+
+    def batcher(p, rule):
+        batching.primitive_batchers[p] = rule
+
+    return {"lowering": lowering, "cpu_lowering": cpu_lowering, "jvp": jvp,
+            "transpose": transpose, "batching": batcher}
+
+
+@pytest.mark.parametrize("registry", sorted(_rule_registries()))
+def test_a_primitive_counts_with_every_rule_registered_for_it(registry):
+    from jax.extend.core import Primitive
+
+    p = Primitive(f"kiln_fp_test_{registry}")
+    p.def_abstract_eval(lambda x: x)
+    register = _rule_registries()[registry]
+
+    def f(x):
+        return p.bind(x)
+
+    def rule_a(*args, **kwargs):
+        return 1.0
+
+    def rule_b(*args, **kwargs):
+        return 2.0
+
+    register(p, rule_a)
+    before = _digest(f)
+    register(p, rule_b)
+    assert _digest(f) != before
+    register(p, rule_a)
+    assert _digest(f) == before
+
+
+@dataclasses.dataclass
+class _WithMeta:
+    a: float = dataclasses.field(default=1.0, metadata={"scale": 2.0})
+
+
+def test_dataclass_field_metadata_counts():
+    cfg = _WithMeta()
+
+    def f(x):
+        return x * dataclasses.fields(cfg)[0].metadata["scale"]
+
+    before = _digest(f)
+    field = _WithMeta.__dataclass_fields__["a"]
+    old = field.metadata
+    field.metadata = {"scale": 3.0}  # (a mappingproxy in real dataclasses; a dict here)
+    try:
+        assert _digest(f) != before
+    finally:
+        field.metadata = old
+    assert _digest(f) == before
+
+
+def test_frompyfunc_counts_by_its_python_function():
+    def f_of(k):
+        uf = np.frompyfunc(lambda a: a * k, 1, 1)
+
+        def f(x):
+            return x * np.float32(uf(1.0))
+
+        return f
+
+    assert _digest(f_of(2.0)) != _digest(f_of(3.0))
+    assert _digest(f_of(2.0)) == _digest(f_of(2.0))
+    assert _digest(np.add) == _digest(np.add)  # numpy's own: by name and version
+
+
+def test_library_config_objects_count_by_value():
+    import flax
+    import flax.linen as nn
+
+    def f(x):
+        return nn.Dense(3).init(jax.random.key(0), x)
+
+    before = _digest(f)
+    old = flax.config.flax_fix_rng_separator
+    flax.config.update("flax_fix_rng_separator", not old)
+    try:
+        assert _digest(f) != before
+    finally:
+        flax.config.update("flax_fix_rng_separator", old)
+    assert _digest(f) == before

@@ -110,6 +110,9 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "write_from_every_process",
     "ordered_effects",
     "pickle_value",
+    "primitive_rules",
+    "primitives_in",
+    "primitives_named",
     "pytree_differences",
     "pytree_node_functions",
     "raise_floating_point_error",
@@ -717,6 +720,105 @@ def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
             seen_tb.add(id(tb))
             codes.update(tb.raw_frames()[0])
     return codes
+
+
+# The rule registries of jax's interpreters: module-level dicts keyed by Primitive in jax's
+# own modules (jax 0.4-0.10: ``jax._src.interpreters.mlir._lowerings`` and
+# ``_platform_specific_lowerings[platform]``, ``ad.primitive_jvps`` / ``primitive_transposes``
+# / ``fancy_transposes``, ``batching.fancy_primitive_batchers`` (``primitive_batchers`` is a
+# view of it), ``partial_eval.custom_partial_eval_rules`` / ``dce_rules`` / ..., state
+# discharge rules, ...). Found by scanning the modules rather than listed, so a registry jax
+# adds is keyed too: a dict counts when a key is a Primitive (or, one level down, a key of
+# each of its dict values); empty dicts are looked at again on each use until they fill.
+_registries: dict[int, tuple[str, dict[Any, Any], bool]] = {}  # id -> (name, dict, nested)
+_registry_candidates: dict[int, tuple[str, dict[Any, Any]]] = {}  # empty so far
+_scanned: set[str] = set()
+_registries_lock = threading.Lock()
+
+
+def _is_registry(d: dict[Any, Any]) -> bool | None:
+    """True: keyed by primitives; "nested": False (see _scan); None: cannot tell (empty)."""
+    if not d:
+        return None
+    return isinstance(next(iter(d)), _core.Primitive)
+
+
+_registry_list: list[tuple[str, dict[Any, Any], bool]] = []
+_modules_scanned = 0  # len(sys.modules) at the last scan (modules are scanned once each)
+
+
+def _scan_registries() -> list[tuple[str, dict[Any, Any], bool]]:
+    global _modules_scanned, _registry_list
+    if len(sys.modules) == _modules_scanned and not any(
+            v for _, v in _registry_candidates.values()):
+        return _registry_list
+    with _registries_lock:
+        _modules_scanned = len(sys.modules)
+        for modname, mod in list(sys.modules.items()):
+            # (jax._src holds every registry; ``jax.interpreters.*`` re-export some of them)
+            if modname in _scanned or not modname.startswith("jax._src."):
+                continue
+            _scanned.add(modname)
+            if not isinstance(mod, types.ModuleType):
+                continue
+            for attr, v in list(vars(mod).items()):
+                if not isinstance(v, dict) or id(v) in _registries:
+                    continue
+                where = f"{modname.replace('jax._src.', '')}.{attr}"
+                kind = _is_registry(v)
+                if kind is None:
+                    _registry_candidates[id(v)] = (where, v)
+                elif kind:
+                    _registries[id(v)] = (where, v, False)
+                elif all(isinstance(x, dict) for x in v.values()) and any(
+                        _is_registry(x) for x in v.values()):
+                    _registries[id(v)] = (where, v, True)  # by platform
+        for i, (where, v) in list(_registry_candidates.items()):
+            if v:
+                del _registry_candidates[i]
+                if _is_registry(v):
+                    _registries[i] = (where, v, False)
+        _registry_list = sorted(_registries.values(), key=lambda r: r[0])
+        return _registry_list
+
+
+def primitive_rules(prim: Any) -> list[tuple[str, Any]]:
+    """``(registry, rule)`` for every rule jax's registries hold for primitive ``prim``
+    (``mlir._lowerings``, ``mlir._platform_specific_lowerings['cpu']``, ``ad.primitive_jvps``,
+    ...), in registry-name order."""
+    out = []
+    for where, d, nested in _scan_registries():
+        if nested:
+            for platform, inner in sorted(d.items(), key=lambda kv: str(kv[0])):
+                if isinstance(inner, dict) and prim in inner:
+                    out.append((f"{where}[{platform!r}]", inner[prim]))
+        elif prim in d:
+            out.append((where, d[prim]))
+    return out
+
+
+def primitives_named(names: set[str]) -> dict[str, list[Any]]:
+    """For each of ``names``, the primitives of that name that some registry holds rules for
+    (the primitives a stored program's manifest names, found again in this process), in
+    registry order."""
+    out: dict[str, list[Any]] = {}
+    for _, d, nested in _scan_registries():
+        for inner in (d.values() if nested else (d,)):
+            for p in inner if isinstance(inner, dict) else ():
+                name = getattr(p, "name", None)
+                if name in names:
+                    found = out.setdefault(name, [])
+                    if not any(p is q for q in found):
+                        found.append(p)
+    return out
+
+
+def primitives_in(closed_jaxpr: Any) -> list[Any]:
+    """Every primitive bound in ``closed_jaxpr`` and its sub-jaxprs, once each."""
+    seen: dict[int, Any] = {}
+    for eqn in eqns_in(closed_jaxpr.jaxpr):
+        seen.setdefault(id(eqn.primitive), eqn.primitive)
+    return list(seen.values())
 
 
 def make_dispatcher(

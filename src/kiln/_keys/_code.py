@@ -27,6 +27,7 @@ __all__ = [
     "module_strings",
     "nested_codes",
     "order_is_stable",
+    "relative_imports",
 ]
 
 
@@ -50,6 +51,32 @@ def nested_codes(code: types.CodeType) -> set[types.CodeType]:
         if isinstance(c, types.CodeType):
             out |= nested_codes(c)
     return out
+
+
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+
+
+@functools.lru_cache(maxsize=8192)
+def relative_imports(code: types.CodeType) -> tuple[tuple[int, str, tuple[str, ...]], ...]:
+    """``(level, name, fromlist)`` of each relative import in ``code`` (nested code included):
+    ``from . import consts`` is ``(1, "", ("consts",))``, ``from ..sub import X`` is
+    ``(2, "sub", ("X",))``. The level is an operand of ``IMPORT_NAME`` (the constant loaded
+    two instructions before it), not a name, so :func:`code_names` cannot see it; code is
+    disassembled only when its bytecode holds that opcode."""
+    out: list[tuple[int, str, tuple[str, ...]]] = []
+    if _IMPORT_NAME in code.co_code[::2]:
+        ins = list(dis.get_instructions(code))
+        for i, op in enumerate(ins):
+            if op.opcode != _IMPORT_NAME or i < 2:
+                continue
+            level, fromlist = ins[i - 2].argval, ins[i - 1].argval
+            if ins[i - 2].opname == "LOAD_CONST" and type(level) is int and level > 0:
+                names = fromlist if isinstance(fromlist, tuple) else ()
+                out.append((level, op.argval, tuple(n for n in names if type(n) is str)))
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out.extend(relative_imports(c))
+    return tuple(out)
 
 
 def module_strings(code: types.CodeType) -> set[str]:

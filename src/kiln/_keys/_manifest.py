@@ -9,27 +9,40 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
   of the attributes ``names``;
 - ``[path, "<file>" | "<dir>", digest, stat]``: a file or directory the trace read, and
   ``[path, "<stat>", value, how]``: a path it checked without opening it
-  (:mod:`kiln._keys._reads`).
+  (:mod:`kiln._keys._reads`);
+- ``["<jaxpr>", "<primitives>", digest, names]``: the rules JAX's registries hold for every
+  primitive the program binds (lowering, JVP, transpose, batching, ...), found again by name:
+  what JAX runs while lowering and transforming is code too, and a user can register or edit
+  a rule for any primitive, jax's own included (:func:`_primitives_digest`);
+- ``[package, "<config>", digest]``: the config object of an installed library whose code
+  ran while tracing (``flax.config``), by value
+  (:func:`kiln._keys._walker.library_config_object`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import xxhash
+
+from .._base import _jax_compat
 from ._code import code_names
 from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
-from ._libraries import is_user_file, module_is_user
+from ._libraries import LIB_ROOTS, is_user_class, is_user_file, module_is_user
 from ._reads import DIR, FILE, STAT, check_read, check_stat
-from ._walker import Walker, module_attr, walk_failure
+from ._walker import Walker, library_config_object, module_attr, slots_of, walk_failure
 
 __all__ = ["check_manifest", "manifest_for"]
+
+PRIMITIVES, CONFIG = "<primitives>", "<config>"
 
 
 def _module_names_by_file() -> dict[str, str]:
@@ -119,6 +132,7 @@ def manifest_for(
     imported: tuple[str, ...] = (),
     reads: Sequence[list[str]] = (),
     read_reason: str | None = None,
+    primitives: Sequence[Any] = (),
 ) -> tuple[list[list[str]], str | None]:
     """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
 
@@ -131,7 +145,11 @@ def manifest_for(
       that any walked code reads, by value;
     - ``reads``: the files and directories the trace read (``[path, "<file>" | "<dir>",
       digest, stat]``) and the paths it checked (``[path, "<stat>", value, how]``),
-      :class:`kiln._keys._reads.ReadRecorder`, or ``read_reason`` why they cannot be keyed.
+      :class:`kiln._keys._reads.ReadRecorder`, or ``read_reason`` why they cannot be keyed;
+    - ``["<jaxpr>", "<primitives>", digest, names]`` for the ``primitives`` bound in the
+      program (:func:`kiln._base._jax_compat.primitives_in`): their registered rules;
+    - ``[package, "<config>", digest]`` for each installed library whose code is in ``codes``
+      and that has a config object.
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found
     again by module + qualname, or some read cannot be keyed (the fingerprint is then
@@ -190,7 +208,174 @@ def manifest_for(
             items[key] = _function_digest(fn)
         except Unpersistable as e:
             return [], f"{module}.{qualname}: {e}"
-    return [[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads), None
+    tail: list[list[str]] = []
+    try:
+        bound = sorted({p.name for p in primitives})
+        if bound:
+            tail.append(["<jaxpr>", PRIMITIVES, _primitives_digest(bound), ",".join(bound)])
+        tops = {_library_of(f) for f in {c.co_filename for c in codes}}
+        for top in sorted(t for t in tops if t is not None):
+            if library_config_object(top) is not None:
+                tail.append([top, CONFIG, _config_digest(top)])
+    except Unpersistable as e:
+        return [], str(e)
+    return ([[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads)
+            + tail), None
+
+
+@functools.lru_cache(maxsize=4096)
+def _library_of(filename: str) -> str | None:
+    """The top-level package of an installed library's file (``.../site-packages/flax/core/
+    scope.py``: ``flax``), None for user code and the stdlib's own files."""
+    real = os.path.realpath(filename)
+    for root in sorted(LIB_ROOTS, key=len, reverse=True):  # site-packages inside the stdlib
+        if real.startswith(root):
+            first = real[len(root):].split(os.sep, 1)[0]
+            top = first.removesuffix(".py")
+            return top if top.isidentifier() and top not in sys.stdlib_module_names else None
+    return None
+
+
+def _config_digest(top: str) -> str:
+    w = Walker()
+    try:
+        w.library_config(top)
+        return w.sound_digest()
+    except Exception as e:  # noqa: BLE001 - never into the user's call
+        raise Unpersistable(walk_failure(e)) from None
+
+
+def _primitives_digest(names: Iterable[str]) -> str:
+    """Digest of what JAX holds for each primitive called one of ``names``: the primitive's
+    own ``impl`` and ``abstract_eval``, and every rule its registries hold for it
+    (:func:`kiln._base._jax_compat.primitive_rules`).
+
+    A primitive whose rules are library code through and through (jax's ``sin``) counts by
+    the shape of those rules (:func:`_library_shape`: which library functions, with which
+    plain arguments; a rule registered in its place is another shape), one that reaches user
+    code (a custom primitive, or a rule the user registered for one of jax's) by a full walk.
+
+    Raises:
+        Unpersistable: a part of a rule with no canonical digest.
+    """
+    names = list(names)
+    found = _jax_compat.primitives_named(set(names))
+    w = Walker()
+    try:
+        for name in names:
+            prims = found.get(name, [])
+            if not prims:  # (lowered by other means; not loaded yet in a warm process: a miss)
+                w.add(f"rules:{name}", "none registered")
+            for i, prim in enumerate(prims):
+                rules = [*sorted(vars(prim).items()), *_jax_compat.primitive_rules(prim)]
+                shapes = [(where, _shape_of(rule)) for where, rule in rules]
+                if is_user_class(type(prim)) or any(sh is None for _, sh in shapes):
+                    w.value(f"{name}[{i}]", prim)  # the full walk (Walker.try_walk_primitive)
+                    continue
+                cls = type(prim)
+                w.add(f"primitive:{name}[{i}]", f"{cls.__module__}.{cls.__qualname__}")
+                for where, sh in shapes:
+                    w.add(f"rules:{name}[{i}].<{where}>", str(sh))
+        return w.sound_digest()
+    except Unpersistable:
+        raise
+    except Exception as e:  # noqa: BLE001 - never into the user's call
+        raise Unpersistable(walk_failure(e)) from None
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+# id -> (rule, shape) of the library rules seen in this process: a library's rule object is
+# taken as fixed once registered (registering another rule puts another object in its place),
+# so a process with several functions shapes jax's rules once
+_SHAPES: dict[int, tuple[Any, str | None]] = {}
+
+
+def _shape_of(rule: Any) -> str | None:
+    known = _SHAPES.get(id(rule))
+    if known is not None and known[0] is rule:
+        return known[1]
+    shape = _library_shape(rule)
+    if shape is not None and type(rule) not in _PLAIN:
+        _SHAPES[id(rule)] = (rule, shape)  # (holds the rule: its id is never reused)
+    return shape
+
+
+def _library_shape(rule: Any) -> str | None:
+    """What a library rule is, cheaply (a full walk of every rule of a program's ~60
+    primitives costs ~0.1 s; this ~3 ms): the library functions and classes it is made of,
+    by module and qualified name, and the plain values it holds (through partials, closure
+    cells, defaults, bound methods, tuples and objects' attributes; a dict's items are left
+    out: in a library's rule they are caches). None when it reaches user code (a function or
+    class of a user file), or is nested too deep to tell: the caller walks it in full."""
+    h = xxhash.xxh3_128()
+    seen: set[int] = set()
+    quiet = 0  # > 0 inside a dict: its items only say whether they reach user code
+
+    def add(text: str) -> None:
+        if not quiet:
+            h.update(text.encode())
+
+    def feed(v: Any, depth: int) -> bool:
+        nonlocal quiet
+        tp = type(v)
+        if tp in _PLAIN:
+            add(f"{tp.__name__}:{v!r};")
+            return True
+        if depth > 24:
+            return False
+        if id(v) in seen:
+            add("@;")
+            return True
+        seen.add(id(v))
+        if isinstance(v, _jax_compat.Primitive):
+            add(f"primitive:{v.name};")
+            return True
+        if tp is types.FunctionType:
+            code = v.__code__
+            if is_user_file(code.co_filename):
+                return False
+            add(f"fn:{v.__module__}.{code.co_qualname};")
+            cells = []
+            for cell in v.__closure__ or ():
+                try:
+                    cells.append(cell.cell_contents)
+                except ValueError:  # empty cell
+                    cells.append(None)
+            return all(feed(x, depth + 1) for x in (
+                *cells, *(v.__defaults__ or ()), *(v.__kwdefaults__ or {}).items(),
+                *sorted(vars(v).items(), key=lambda kv: kv[0])))
+        if tp is functools.partial:
+            return all(feed(x, depth + 1) for x in (v.func, *v.args, *v.keywords.items()))
+        if tp is types.MethodType:
+            return feed(v.__func__, depth + 1) and feed(v.__self__, depth + 1)
+        if isinstance(v, tuple | list):  # (a NamedTuple: mlir's LoweringRuleEntry)
+            add(f"{tp.__module__}.{tp.__qualname__}[{len(v)}];")
+            return all(feed(x, depth + 1) for x in v)
+        if isinstance(v, dict):
+            add("dict;")
+            quiet += 1
+            try:
+                return all(feed(k, depth + 1) and feed(x, depth + 1) for k, x in list(v.items()))
+            finally:
+                quiet -= 1
+        if isinstance(v, type):
+            if is_user_class(v):
+                return False
+            add(f"class:{v.__module__}.{v.__qualname__};")
+            return True
+        if is_user_class(tp):
+            return False
+        try:
+            add(f"{tp.__module__}.{tp.__qualname__}:{getattr(v, '__module__', '')}."
+                f"{getattr(v, '__qualname__', '')};")
+            state = getattr(v, "__dict__", None)
+            items = sorted(state.items(), key=lambda kv: kv[0]) if isinstance(state, dict) else []
+            items += [(a, getattr(v, a)) for a in slots_of(tp) if hasattr(v, a)]
+        except Exception:  # noqa: BLE001 - an attribute hook failing: walked in full
+            return False
+        return all(feed(x, depth + 1) for x in items)
+
+    return h.hexdigest() if feed(rule, 0) else None
 
 
 def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
@@ -236,6 +421,24 @@ def check_manifest(
             changed = check_stat(module, digest, rest[0] if rest else "")
             if changed is not None:
                 return changed
+            continue
+        if qualname == PRIMITIVES:
+            try:
+                now = _primitives_digest(rest[0].split(",") if rest and rest[0] else [])
+            except Unpersistable as e:
+                return f"rules of the program's primitives: {e}"
+            if now != digest:
+                return "a rule registered for one of the program's primitives changed"
+            continue
+        if qualname == CONFIG:
+            try:
+                if module not in sys.modules:
+                    importlib.import_module(module)
+                now = _config_digest(module)
+            except Exception as e:  # noqa: BLE001 - a library that no longer imports: stale
+                return f"config of {module}: {type(e).__name__}: {e}"
+            if now != digest:
+                return f"{module}.config changed"
             continue
         if qualname == "<module>":
             # a module the cold trace imported: import it now if this process has not

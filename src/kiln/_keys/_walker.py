@@ -6,6 +6,15 @@ modules' attributes and user classes' methods. Values are hashed by value
 (:mod:`kiln._keys._hashing`); library code counts by the library's version
 (:mod:`kiln._keys._libraries`), what a library object holds by value.
 
+What the trace reaches besides names, the walk follows by construction: a user class's
+``vars`` in full, dunder data too (``__dataclass_fields__``: each ``Field``'s default, factory
+and metadata), but for the few attributes in ``_CLASS_NOT_DATA``; the slots of library
+objects; relative imports in a function body (``from . import consts``), resolved against its
+package; a ``jax.extend.core.Primitive`` with every rule JAX's registries hold for it
+(:meth:`Walker.try_walk_primitive`); the Python function behind an ``np.frompyfunc`` ufunc or
+an ``np.vectorize``; and the config object of every installed library the walk reaches
+(:func:`library_config_object`: ``flax.config``).
+
 A value is walked by the method its exact type names in ``_WALK_EXACT`` (as ``_hashing`` encodes
 from its ``_EXACT`` table). A value of any other type goes down the fallbacks in order of
 precedence, the first that takes it walking it: ``_WALK_ISINSTANCE`` (subclasses of those types:
@@ -23,6 +32,8 @@ import collections.abc
 import dataclasses
 import enum
 import functools
+import gc
+import importlib.util
 import inspect
 import os
 import random
@@ -45,6 +56,7 @@ from ._code import (
     module_strings,
     nested_codes,
     order_is_stable,
+    relative_imports,
 )
 from ._hashing import Unpersistable, static_digest
 from ._libraries import (
@@ -57,7 +69,7 @@ from ._libraries import (
     script_module,
 )
 
-__all__ = ["Walker", "module_attr", "walk_failure"]
+__all__ = ["Walker", "library_config_object", "module_attr", "slots_of", "walk_failure"]
 
 _MAX_ITEMS = 5000
 # hashed by value wherever they occur (never "seen": equal values need not be one object)
@@ -111,6 +123,24 @@ class Walker:
                         self.library_state(f"{mod.__name__}.{attr}", v)
                     else:
                         self.value(f"{mod.__name__}.{attr}", v, lenient=not user)
+        for top in sorted({n[4:].partition(".")[0] for n, _ in self.parts
+                           if n.startswith("lib:")}):
+            self.library_config(top)
+
+    def library_config(self, top: str) -> None:
+        """The config object of installed library ``top`` (:func:`library_config_object`),
+        by value: code of that library reads its flags while tracing (flax's RNG folding reads
+        ``flax.config.flax_fix_rng_separator``), so they count with its version."""
+        cfg = library_config_object(top)
+        if cfg is None:
+            return
+        self.add(f"lib-config:{top}", library_version(top))
+        self.seen.discard(id(cfg))  # (met before as module state, by version only)
+        self.in_library += 1
+        try:
+            self.value(f"{top}.config", cfg, lenient=True)
+        finally:
+            self.in_library -= 1
 
     def add(self, name: str, digest: str) -> None:
         self.parts.append((name, digest))
@@ -208,6 +238,13 @@ class Walker:
     def walk_dict(self, name: str, v: dict[Any, Any], lenient: bool) -> None:
         # insertion order: code that iterates a dict sees it in that order
         self.add(f"container:{name}", f"dict[{len(v)}]")
+        self.walk_items(name, v)
+
+    def walk_mappingproxy(self, name: str, v: types.MappingProxyType[Any, Any],
+                          lenient: bool) -> None:
+        """A read-only view of a mapping (a dataclass field's ``metadata``): its items in
+        order."""
+        self.add(f"container:{name}", f"mappingproxy[{len(v)}]")
         self.walk_items(name, v)
 
     def walk_set(self, name: str, v: set[Any] | frozenset[Any], lenient: bool) -> None:
@@ -322,6 +359,53 @@ class Walker:
             self.in_library -= library
         return True
 
+    def try_walk_primitive(self, name: str, v: Any, lenient: bool) -> bool:
+        """A ``jax.extend.core.Primitive``: what it holds (``impl``, ``abstract_eval``) and
+        every rule JAX's registries hold for it (lowering, platform lowerings, JVP, transpose,
+        batching, partial eval, ...: :func:`kiln._base._jax_compat.primitive_rules`), each by
+        value: a user rule by its code, a library rule by name, version and what it holds."""
+        if not isinstance(v, _jax_compat.Primitive):
+            return False
+        cls = type(v)
+        self.klass(cls)  # a Primitive subclass: its methods
+        self.add(f"primitive:{name}", f"{cls.__module__}.{cls.__qualname__}:{v.name}")
+        self.in_library += 1
+        try:
+            for attr, item in sorted(vars(v).items()):
+                self.value(f"{name}.{attr}", item)
+            for registry, rule in _jax_compat.primitive_rules(v):
+                self.value(f"{name}.<{registry}>", rule)
+        finally:
+            self.in_library -= 1
+        return True
+
+    def try_walk_numpy_function(self, name: str, v: Any, lenient: bool) -> bool:
+        """A ufunc made by ``np.frompyfunc`` (not importable by name, unlike ``np.add``): the
+        Python function it calls, which numpy does not expose but reports to the garbage
+        collector (``gc.get_referents``); when it reports none, the walk is unsound. An
+        ``np.vectorize``: its function and options (``pyfunc``, ``otypes``, ``excluded``,
+        ``signature``, ``cache``), not the ufunc it caches on its first call."""
+        if isinstance(v, np.vectorize):
+            self.add(f"vectorize:{name}", type(v).__qualname__)
+            for attr in ("pyfunc", "otypes", "excluded", "signature", "cache"):
+                self.value(f"{name}.{attr}", getattr(v, attr, None))
+            return True
+        if not isinstance(v, np.ufunc):
+            return False
+        try:
+            static_digest(v, argname=name)  # importable: by name and version (walk_object)
+            return False
+        except (Unpersistable, StaticArgumentError, TypeError, ValueError):
+            pass
+        funcs = [r for r in gc.get_referents(v) if callable(r) and not isinstance(r, type)]
+        if len(funcs) != 1:
+            self.unsound(f"{name} is a ufunc made by np.frompyfunc whose Python function "
+                         "numpy does not show (use the function itself, or np.vectorize)")
+            return True
+        self.add(f"frompyfunc:{name}", f"{v.__name__}/{v.nin}/{v.nout}/{v.identity!r}")
+        self.value(f"{name}.<function>", funcs[0])
+        return True
+
     def try_walk_custom_derivatives(self, name: str, v: Any, lenient: bool) -> bool:
         """A ``jax.custom_jvp`` / ``jax.custom_vjp``: its function and its rules."""
         rules = [r for r in ("fun", "jvp", "fwd", "bwd") if callable(getattr(v, r, None))]
@@ -383,8 +467,7 @@ class Walker:
         if any(b.__module__ == "builtins" and b is not object for b in cls.__mro__):
             return False  # a dict / list subclass: its items are not in its __dict__
         state = getattr(v, "__dict__", None)
-        slots = [a for c in cls.__mro__ for a in getattr(c, "__slots__", ())
-                 if a not in ("__dict__", "__weakref__")]
+        slots = slots_of(cls)
         if not isinstance(state, dict) and not slots:
             return False
         self.add(f"object:{name}", f"{cls.__module__}.{cls.__qualname__}")
@@ -400,15 +483,18 @@ class Walker:
         holds nothing Python can see (a C object, a lock): the caller decides."""
         cls = type(v)
         state = getattr(v, "__dict__", None)
-        if not isinstance(state, dict) or cls.__module__.partition(".")[0] == "kiln":
+        slots = slots_of(cls)  # (``dataclasses.Field``: default, default_factory, metadata...)
+        if not (isinstance(state, dict) or slots) or cls.__module__.partition(".")[0] == "kiln":
             # kiln's own objects say what they are through __kiln_digest__ or __wrapped__;
             # their state (caches of compiled functions) is not what a program is built from
             return False
         self.add(f"lib-object:{name}", f"{cls.__module__}.{cls.__qualname__}="
                  + library_version(cls.__module__))
+        items = sorted(state.items()) if isinstance(state, dict) else []
+        items += [(a, getattr(v, a)) for a in slots if hasattr(v, a)]
         self.in_library += 1
         try:
-            for attr, item in sorted(state.items()):
+            for attr, item in items:
                 self.value(f"{name}.{attr}", item)
         finally:
             self.in_library -= 1
@@ -455,9 +541,11 @@ class Walker:
                 continue
             if isinstance(member, types.FunctionType):
                 self.function(member)  # every method, dunders too (__getitem__, __get__)
-            elif not (attr.startswith("_") and attr.endswith("_")):
+            elif attr not in _CLASS_NOT_DATA:
                 # class constants and ClassVars (``Cfg.FACTOR``, enum members, frozensets,
-                # partials, modules): by value; what has no value digest makes the walk unsound
+                # partials, modules) and dunder data (``__dataclass_fields__``: the fields'
+                # defaults, factories and metadata; ``__annotations__``, ``__slots__``): by
+                # value; what has no value digest makes the walk unsound
                 self.value(f"{mod}.{cls.__qualname__}.{attr}", member, lenient=True)
 
     def function(self, fn: types.FunctionType) -> None:
@@ -581,6 +669,13 @@ class Walker:
                     self.add(f"lib:builtins.{name}", library_version("builtins"))
                 else:
                     self.value(f"builtins.{name}", v)  # a patched builtin: by what it is now
+        for mod in _relative_imports(code, g):
+            # ``from . import consts`` / ``from .sub import X`` / ``from .. import y`` inside
+            # the function: resolved against its package, as the import statement will be (a
+            # module the trace imports first is in the manifest: the recorder's ``imported``)
+            modules.append(mod)
+            self.add(f"module:{mod.__name__}", mod.__name__)
+            self.modules.append(mod)
         done: set[str] = set()
         while modules:
             mod = modules.pop(0)
@@ -608,6 +703,7 @@ _WALK_EXACT: dict[type, _Walk] = {
     tuple: Walker.walk_sequence,
     list: Walker.walk_sequence,
     dict: Walker.walk_dict,
+    types.MappingProxyType: Walker.walk_mappingproxy,
     set: Walker.walk_set,
     frozenset: Walker.walk_set,
     _PyTreeDef: Walker.walk_treedef,
@@ -627,14 +723,44 @@ _WALK_ISINSTANCE: tuple[tuple[type, _Walk], ...] = (
 # ... then the first of these that takes it, else Walker.walk_object
 _TRY_WALKS: tuple[_TryWalk, ...] = (
     Walker.try_walk_mapping,
+    Walker.try_walk_primitive,
+    Walker.try_walk_numpy_function,
     Walker.try_walk_rng,
     Walker.try_walk_pytree,
     Walker.try_walk_custom_derivatives,
     Walker.try_walk_wrapper,
 )
 
+# Attributes of a user class that are not data its code reads, or restate what the walk keys
+# already (everything else in its ``vars``, dunders included, is walked by value):
+_CLASS_NOT_DATA = frozenset({
+    "__dict__", "__weakref__",  # descriptors giving instances their dict and weakref slots
+    "__module__", "__qualname__",  # the class's name: in its ``class:`` part
+    "__firstlineno__",  # (3.13) a line number: moving code changes no key
+    "__static_attributes__",  # (3.13) names assigned to ``self.*``: derived from the methods
+    # derived from what is walked (and sets of strings, whose order comes from the hash seed):
+    "__abstractmethods__",  # from the methods
+    "__slotnames__",  # copyreg's cache of ``__slots__``, set when an instance is first copied
+    "__protocol_attrs__", "__non_callable_proto_members__",  # typing.Protocol: from the body
+    "__required_keys__", "__optional_keys__",  # TypedDict: from ``__annotations__``
+    "__readonly_keys__", "__mutable_keys__",
+})
+# (``__doc__`` is walked: a function's docstring is the first constant of its code, so in its
+# digest, and a class's counts the same way; editing it costs a recompile, never staleness.)
+
 _BUILTINS = vars(builtins)
 _ORIGINAL_BUILTINS = dict(_BUILTINS)  # as at import: a later assignment is a patch
+
+
+def slots_of(cls: type) -> tuple[str, ...]:
+    """The ``__slots__`` of ``cls`` and its bases that hold values (a string slot counts once)."""
+    out: list[str] = []
+    for c in cls.__mro__:
+        names = getattr(c, "__slots__", ())
+        for a in (names,) if isinstance(names, str) else names:
+            if a not in ("__dict__", "__weakref__") and a not in out:
+                out.append(a)
+    return tuple(out)
 
 
 def _has_code_or_name(v: Any) -> bool:
@@ -668,6 +794,27 @@ def _sentinel_name(g: dict[str, Any], v: object) -> str | None:
     return None
 
 
+# Libraries whose config object the walk leaves out: jax's (``jax.config``) holds what changes
+# tracing, keyed by kiln as jax's trace context, what feeds the compile options, keyed as
+# those, and the rest (cache directories, which kiln itself sets, logging, ...) builds no
+# program; kiln's own holds its store settings.
+_CONFIG_KEYED_ELSEWHERE = frozenset({"jax", "jaxlib", "kiln"})
+
+
+def library_config_object(top: str) -> Any:
+    """The config object of installed top-level package ``top``, or None: the attribute
+    ``config`` of the package (``flax.config``), when it is state rather than code (not a
+    module, function, class or callable wrapper). The general rule for library flags that the
+    library's own code reads; the stdlib and jax (see ``_CONFIG_KEYED_ELSEWHERE``) have none."""
+    if top in _CONFIG_KEYED_ELSEWHERE or top in sys.stdlib_module_names:
+        return None
+    mod = sys.modules.get(top)
+    cfg = vars(mod).get("config") if isinstance(mod, types.ModuleType) else None
+    if cfg is None or _has_code_or_name(cfg) or callable(cfg) or type(cfg) in _SCALAR_TYPES:
+        return None
+    return cfg
+
+
 def module_attr(mod: types.ModuleType, attr: str, user: bool) -> tuple[bool, Any]:
     """``(True, value)`` of attribute ``attr`` of ``mod``, looked up as code reading
     ``mod.attr`` would: its globals, then (user modules only) a module ``__getattr__``
@@ -681,6 +828,31 @@ def module_attr(mod: types.ModuleType, attr: str, user: bool) -> tuple[bool, Any
         except Exception:  # noqa: BLE001 - AttributeError or the hook failing: not there
             return False, None
     return False, None
+
+
+def _relative_imports(code: types.CodeType, g: dict[str, Any]) -> list[types.ModuleType]:
+    """The loaded user modules that the relative imports in ``code`` name, resolved against
+    the package of globals ``g``: for ``from .sub import X`` the module ``pkg.sub`` (and
+    ``pkg.sub.X`` if that is a module), for ``from . import consts`` the package and
+    ``pkg.consts``."""
+    found = relative_imports(code)
+    if not found:
+        return []
+    package = g.get("__package__")
+    if package is None:  # (set by the import system; derived as importlib derives it)
+        name = g.get("__name__") or ""
+        package = name if "__path__" in g else name.rpartition(".")[0]
+    out = []
+    for level, name, fromlist in found:
+        try:
+            base = importlib.util.resolve_name("." * level + name, package)
+        except (ImportError, ValueError):  # beyond the top-level package: the import fails
+            continue
+        for modname in (base, *(f"{base}.{f}" for f in fromlist)):
+            mod = sys.modules.get(modname)
+            if isinstance(mod, types.ModuleType) and module_is_user(mod) and mod not in out:
+                out.append(mod)
+    return out
 
 
 def _resolve_name(module: str, qualname: str) -> Any:

@@ -109,7 +109,8 @@ class _Miss:
         program.trace()
         t0 = time.perf_counter()
         manifest, reason = manifest_for(program.calls, self.keys.fp, program.imported,
-                                        program.reads, program.read_reason)
+                                        program.reads, program.read_reason,
+                                        primitives=program.primitives)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if reason is not None:
             self.explain("verify-path", f"taking the verify path: {reason}")

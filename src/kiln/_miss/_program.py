@@ -74,6 +74,7 @@ class Program:
         self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.reads: list[list[str]] = []  # files and directories the cold trace read
+        self.primitives: list[Any] = []  # the primitives the program binds (their rules count)
         self.read_reason: str | None = None  # why those cannot be keyed (kiln._keys._reads)
         self.trace_seconds = 0.0  # tracing and lowering
         self.lowered: jax.stages.Lowered | None = None
@@ -100,6 +101,7 @@ class Program:
                 traced = self.traced = self.jitted.trace(*self.leaves)
             self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorder.codes
             self.imported = recorder.imported
+            self.primitives = _jax_compat.primitives_in(traced.jaxpr)
             self.reads, self.read_reason = recorder.reads, recorder.read_reason
             _stats.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0

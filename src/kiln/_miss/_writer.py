@@ -112,11 +112,13 @@ class EntryWriter:
         manifest = None
         if fingerprinted:
             # the inlined executable also depends on the noinline functions' own code
-            codes = set(program.calls)
+            codes, primitives = set(program.calls), list(program.primitives)
             for _, sub_jaxpr in _noinline_p.calls_in(program.traced.jaxpr.jaxpr):
                 codes |= _jax_compat.codes_in_jaxpr(sub_jaxpr)
+                primitives += _jax_compat.primitives_in(sub_jaxpr)
             manifest, reason = manifest_for(codes, self.keys.fp, program.imported,
-                                            program.reads, program.read_reason)
+                                            program.reads, program.read_reason,
+                                            primitives=primitives)
             if reason is not None:
                 self.explain("tier-up", f"inlined program not stored: {reason}")
                 return result
