@@ -270,3 +270,43 @@ def test_nothing_took_the_verify_path(runs: dict[str, Any]) -> None:
     for k in "ABCD":
         assert runs[k].stats["reasons"].get("verify-path", 0) == 0, runs[k].stats["reasons"]
         assert runs[k].stats["bad_entries"] == 0
+
+
+STAT_HELPER = '''
+from os import stat  # imported while kiln traces: the module keeps os.stat as it was then
+
+
+def scale(path):
+    return 2.0 if stat(path).st_size else 1.0
+'''
+
+STAT_PROG = '''
+import jax.numpy as jnp
+
+import kiln
+
+
+@kiln.jit
+def f(x):
+    TRACE()
+    import stat_helper  # first imported here, while tracing (os.stat is kiln's probe then)
+
+    return x * stat_helper.scale("prog.py")
+
+
+call("f", f, jnp.arange(3.0))
+report()
+'''
+
+
+def test_a_module_that_imports_os_stat_while_tracing_still_warm_starts(tmp_path, xp):
+    """A module imported while kiln records holds kiln's probe of ``os.stat`` for good
+    (``from os import stat``); the walk takes it for ``os.stat``, so the warm start, which
+    imports the module outside any recording, finds the same key."""
+    prog = xp.Program(tmp_path)
+    prog.write("stat_helper.py", STAT_HELPER)
+    prog.write("prog.py", STAT_PROG)
+    cold, warm = prog.run(), prog.run()
+    xp.assert_cold(cold["f"])
+    xp.assert_warm(warm["f"])
+    assert xp.value(warm["f"]) == xp.value(cold["f"]) == [0.0, 2.0, 4.0]

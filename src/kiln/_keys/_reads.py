@@ -72,7 +72,7 @@ import xxhash
 
 from ._libraries import KILN_ROOT, LIB_ROOTS
 
-__all__ = ["DIR", "FILE", "STAT", "ReadRecorder", "check_read", "check_stat"]
+__all__ = ["DIR", "FILE", "is_probe", "STAT", "ReadRecorder", "check_read", "check_stat"]
 
 FILE = "<file>"
 DIR = "<dir>"
@@ -315,12 +315,20 @@ def _probe(original: Callable[..., Any], kind: str) -> Callable[..., Any]:
                 return _probed(original, kind, path, args, kwargs, tuple(recorders), me)
         return original(path, *args, **kwargs)
 
-    # named as the original, so pickle and kiln's walk find it as that (posix.stat)
+    # named as ``os.<name>``, which it is while a recording is open, so pickle finds it
+    # there; kiln's walk takes it for the original (``is_probe``: a module that imported it
+    # while tracing, ``from os import stat``, holds the probe for good)
     probe.__name__ = probe.__qualname__ = original.__name__
-    probe.__module__ = original.__module__
+    probe.__module__ = "os"
     probe.__doc__ = original.__doc__
     probe.__wrapped__ = original  # type: ignore[attr-defined]
     return probe
+
+
+def is_probe(fn: Any) -> bool:
+    """``fn`` is one of the wrappers of ``os.stat`` / ``lstat`` / ``access`` (its
+    ``__wrapped__`` is the original)."""
+    return getattr(fn, "__code__", None) is _PROBE_CODE
 
 
 def _probed(original: Callable[..., Any], kind: str, path: Any, args: tuple[Any, ...],
@@ -431,6 +439,8 @@ def _follow(thread: threading.Thread, recorders: tuple[ReadRecorder, ...]) -> No
         _give_up(recorders, f"the trace starts a thread kiln cannot follow ({thread!r})")
 
 
+_PROBE_CODE = next(c for c in _probe.__code__.co_consts
+                   if getattr(c, "co_name", None) == "probe")
 _RUN_RECORDED = next(c for c in _follow.__code__.co_consts
                      if getattr(c, "co_name", None) == "run_recorded")
 

@@ -68,6 +68,7 @@ from ._libraries import (
     module_is_user,
     script_module,
 )
+from ._reads import is_probe
 
 __all__ = ["Walker", "library_config_object", "module_attr", "slots_of", "walk_failure"]
 
@@ -177,6 +178,8 @@ class Walker:
         if tp in _SCALAR_TYPES:
             self.add(f"value:{name}", static_digest(v, argname=name))
             return
+        if tp is types.FunctionType and is_probe(v):
+            v, tp = v.__wrapped__, type(v.__wrapped__)  # os.stat, as a module imported it
         if id(v) in self.seen:
             return
         if len(self.parts) > _MAX_ITEMS:
