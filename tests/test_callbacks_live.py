@@ -113,6 +113,22 @@ def make_writer():
     return JIT(f), sink
 
 
+THRESH = 1.0
+
+
+def make_thresh():
+    above = []
+
+    def f(x):
+        TRACE()
+        # a lambda the trace makes, reading a module global the program rebinds later: a
+        # stored copy would hold the binding of the cold run; rebuilt by tracing instead
+        jax.debug.callback(lambda v: above.append(bool(float(v) > THRESH)), jnp.sum(x))
+        return x * 1.0
+
+    return JIT(f), above
+
+
 class Journal:
     """An open file a callback writes to: no value to key, and none needed."""
 
@@ -176,6 +192,14 @@ def main():
     with open("journal.txt") as fh:
         out["journal_lines"] = len(fh.read().splitlines())
 
+    global THRESH
+    t, above = make_thresh()
+    call("thresh", t, x)
+    THRESH = 10.0
+    t(x)
+    jax.effects_barrier()
+    out["above"] = above
+
     h, sink = make_writer()
     call("writer", h, x)
     jax.effects_barrier()
@@ -214,7 +238,7 @@ def test_side_effects_match_jax_jit_cold_and_warm(runs):
     for run, lines in ((cold, 2), (warm, 3)):  # (the file grows by one line a run)
         assert run.extra.pop("journal_lines") == lines
         assert run.extra == {k: v for k, v in ref.extra.items() if k != "journal_lines"}
-    for name in ("step2", "pure1", "adv2", "peek", "lambda", "writer", "journal"):
+    for name in ("step2", "pure1", "adv2", "peek", "lambda", "writer", "journal", "thresh"):
         assert warm[name]["leaves"] == ref[name]["leaves"], name
 
 
@@ -239,3 +263,5 @@ def test_a_callback_that_would_hold_a_copy_is_rebuilt_by_tracing(runs, xp):
     xp.assert_warm_verified(warm["writer"])
     assert warm["writer"]["jax_lowerings"] >= 1
     assert warm.extra["sink"] == ref.extra["sink"] == [2.0]
+    xp.assert_warm_verified(warm["thresh"])
+    assert warm.extra["above"] == ref.extra["above"] == [True, False]

@@ -978,6 +978,14 @@ def unpickle_tree(data: bytes, inputs: Sequence[Any]) -> Any:
     return _TreeUnpickler(io.BytesIO(data), inputs).load()
 
 
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
 def _type_name(obj: Any) -> str:
     t = type(obj)
     return f"{t.__module__}.{t.__qualname__}"
@@ -1016,8 +1024,15 @@ class _CallbackPickler(_ValuePickler):
         """A function the trace made (``lambda v: log.append(v)`` in the function's body): its
         code is the walked code's own and every variable it closes over is a live cell, so a
         copy acts on the same objects."""
-        return (isinstance(obj, types.FunctionType) and obj.__code__ in self._codes
-                and all(id(c) in self._live for c in obj.__closure__ or ()))
+        if not (isinstance(obj, types.FunctionType) and obj.__code__ in self._codes
+                and all(id(c) in self._live for c in obj.__closure__ or ())):
+            return False
+        # the globals it reads travel as a copy of their bindings: only names that a program
+        # does not rebind (modules, classes, functions) may be among them
+        g = obj.__globals__
+        return all(isinstance(g[n], types.ModuleType | type | types.FunctionType
+                              | types.BuiltinFunctionType)
+                   for n in _code_names(obj.__code__) if n in g)
 
 
 class _CallbackUnpickler(_ValueUnpickler):
