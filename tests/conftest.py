@@ -250,12 +250,15 @@ class Program:
             raise AssertionError(f"{name}: expected one {old!r}, found {count}")
         path.write_text(text.replace(old, new))
 
-    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> Run:
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180,
+            main: tuple[str, ...] = ("prog.py",)) -> Run:
         """Run ``prog.py`` in a fresh process; fail with its output unless it reported."""
-        return self.finish(self.start(*args, env=env), timeout=timeout)
+        return self.finish(self.start(*args, env=env, main=main), timeout=timeout)
 
-    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        """Start ``prog.py`` in a fresh process (for several at once); see :meth:`finish`."""
+    def start(self, *args: str, env: dict[str, str] | None = None,
+              main: tuple[str, ...] = ("prog.py",)) -> subprocess.Popen[str]:
+        """Start ``prog.py`` in a fresh process (for several at once); see :meth:`finish`.
+        ``main``: what Python runs, before ``args`` (``("-m", "kiln", "run", "prog.py")``)."""
         child_env = {
             k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)
         }
@@ -272,7 +275,7 @@ class Program:
             child_env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (_KILN_SRC, child_env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
-            [sys.executable, "prog.py", *args], cwd=self.dir, env=child_env,
+            [sys.executable, *main, *args], cwd=self.dir, env=child_env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         proc.kiln_args = (args, env)  # type: ignore[attr-defined]

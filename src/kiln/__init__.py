@@ -24,7 +24,10 @@ from ._jit import Lowered as Lowered
 from ._jit import NoinlineFunction as NoinlineFunction
 from ._jit import filter_jit as filter_jit
 from ._jit import jit as jit
+from ._jit import keep_jax_jit as keep_jax_jit
 from ._jit import noinline as noinline
+from ._jit import replace_jax_jit as replace_jax_jit
+from ._jit import restore_jax_jit as restore_jax_jit
 from ._miss import wait_for_tier_up as wait_for_tier_up
 from ._travel import ImportedEntry as ImportedEntry
 from ._travel import ImportReport as ImportReport
@@ -61,8 +64,11 @@ __all__ = [
     "get_config",
     "import_entries",
     "jit",
+    "keep_jax_jit",
     "noinline",
+    "replace_jax_jit",
     "reset_stats",
+    "restore_jax_jit",
     "stats",
     "wait_for_tier_up",
 ]
@@ -70,6 +76,9 @@ __all__ = [
 # The kiln:// route (JAX's own persistent cache in kiln's store) from import on, so what a
 # script compiles before its first kiln.jit is cached too; KILN_JAX_CACHE=0 or a JAX cache
 # directory of the user's own leaves JAX alone (README, "What kiln changes in JAX").
-from ._travel import enable_at_import as _enable_at_import
+# KILN_REPLACE_JIT=1: every jax.jit made from here on outside JAX itself is a kiln.jit
+from ._jit import replace_at_import as _replace_at_import  # noqa: E402
+from ._travel import enable_at_import as _enable_at_import  # noqa: E402
 
 _enable_at_import()
+_replace_at_import()

@@ -10,6 +10,13 @@ What it covers is what JAX's cache covers: every ``jax.jit`` program and eager o
 tests compile, in the pytest process and in any worker (pytest-xdist) that loads the plugin. On
 jax 0.10, programs with host callbacks (``jax.debug.print``, ``io_callback``) are compiled again;
 jax 0.11 and later cache those too.
+
+``--kiln-jit`` (or ``KILN_PYTEST_JIT=1``; implies ``--kiln``) also makes every ``jax.jit`` made
+outside JAX itself a ``kiln.jit`` (:func:`kiln.replace_jax_jit`, from before the test modules
+are imported), so the second run skips tracing and lowering too; the summary then gives
+kiln.jit's hits, misses and traces. Trace-time side effects (a test counting how often its
+function is traced) differ on a warm run: leave such a function to jax.jit with
+``kiln.keep_jax_jit`` or ``KILN_JIT_EXCLUDE``.
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ import pytest
 
 __all__ = ["pytest_addoption", "pytest_configure", "pytest_terminal_summary"]
 
-# (whether the route is on, kiln.stats() when the session began)
-_STATE = pytest.StashKey[tuple[bool, Any]]()
+# (whether the route is on, kiln.stats() when the session began, whether jax.jit is swapped)
+_STATE = pytest.StashKey[tuple[bool, Any, bool]]()
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -32,22 +39,34 @@ def pytest_addoption(parser: Any) -> None:
         help="route JAX's persistent compilation cache into kiln's store (KILN_CACHE_DIR / "
         "KILN_STORE), so a second run skips the first run's compiles; also KILN_PYTEST=1",
     )
+    group.addoption(
+        "--kiln-jit", action="store_true", default=False,
+        help="also make every jax.jit outside JAX itself a kiln.jit (kiln.replace_jax_jit), so "
+        "a second run skips tracing and lowering too; implies --kiln; also KILN_PYTEST_JIT=1",
+    )
 
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def _wanted(config: Any) -> bool:
-    raw = os.environ.get("KILN_PYTEST", "").strip().lower()
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
     if raw not in _TRUE + _FALSE:
         raise pytest.UsageError(
-            f"KILN_PYTEST must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
-    return bool(config.getoption("kiln")) or raw in _TRUE
+            f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
+    return raw in _TRUE
+
+
+def _wanted(config: Any) -> tuple[bool, bool]:
+    """(the route, the jax.jit swap)"""
+    swap = bool(config.getoption("kiln_jit")) or _env_flag("KILN_PYTEST_JIT")
+    return bool(config.getoption("kiln")) or _env_flag("KILN_PYTEST") or swap, swap
 
 
 def pytest_configure(config: Any) -> None:
-    if not _wanted(config):
+    route, swap = _wanted(config)
+    if not route:
         return
     import kiln
     from kiln._travel import _jax_cache
@@ -57,7 +76,9 @@ def pytest_configure(config: Any) -> None:
     except kiln.ConfigError as e:
         raise pytest.UsageError(f"kiln: {e}") from None
     on = _jax_cache.enable_jax_cache()
-    config.stash[_STATE] = (on, kiln.stats())
+    if swap:
+        kiln.replace_jax_jit()  # before the test modules (and what they import) are imported
+    config.stash[_STATE] = (on, kiln.stats(), swap)
     if not on:
         config.issue_config_time_warning(
             kiln.KilnWarning(
@@ -70,11 +91,19 @@ def pytest_configure(config: Any) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
     got = config.stash.get(_STATE, None)
-    if got is None or not got[0]:
+    if got is None or not (got[0] or got[2]):
         return
     import kiln
 
     before, after = got[1], kiln.stats()
+    if got[2]:
+        terminalreporter.write_line(
+            f"kiln: kiln.jit hits {after.hits - before.hits}, misses "
+            f"{after.misses - before.misses}, traces {after.traces - before.traces} "
+            "(jax.jit as kiln.jit)"
+        )
+    if not got[0]:
+        return
     try:
         cfg = kiln.get_config()
         where = cfg.store or str(cfg.cache_dir)

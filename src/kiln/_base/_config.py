@@ -80,6 +80,14 @@ class Config:
             function, so library-internal ``jax.jit`` programs and eager operations persist
             too; ``KILN_JAX_CACHE=0`` turns that off. Never overrides a
             ``jax_compilation_cache_dir`` the user set. Default on.
+        replace_jit: the jax.jit swap (:func:`kiln.replace_jax_jit`) from ``import kiln`` on:
+            every ``jax.jit`` made afterwards outside JAX itself (the program's code, the
+            libraries it imports) is a :func:`kiln.jit`; ``kiln run --jit`` and
+            ``pytest --kiln-jit`` turn it on too. Default off.
+        jit_exclude: what the swap leaves to ``jax.jit`` (``KILN_JIT_EXCLUDE``: comma-separated):
+            a module prefix (``mylib``: functions of ``mylib`` and ``mylib.*``, and
+            ``jax.jit`` calls made there) or ``module:qualname`` (that function, and the
+            methods of a class named so). Default none.
     """
 
     cache_dir: Path
@@ -98,6 +106,8 @@ class Config:
     tier_up: bool = True
     pickle_max_size: int = 256 * 1024**2
     jax_cache: bool = True
+    replace_jit: bool = False
+    jit_exclude: tuple[str, ...] = ()
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -170,7 +180,7 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             ) from None
     if name in ("max_size", "pickle_max_size"):
         return parse_size(value, name=f"KILN_{name.upper()}" if from_env else name)
-    if name in ("explain", "verify", "strict", "tier_up", "jax_cache"):
+    if name in ("explain", "verify", "strict", "tier_up", "jax_cache", "replace_jit"):
         return _parse_bool(name, value) if from_env else bool(value)
     if name == "progress":
         if value is None:
@@ -215,6 +225,11 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             raise ConfigError(f"{where} must be a number of seconds above 0 and at most "
                               f"{_MAX_SECONDS:g} (a year), got {value!r}")
         return seconds
+    if name == "jit_exclude":
+        if value in (None, ""):
+            return ()
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(str(k).strip() for k in items if str(k).strip())
     if name == "signing_keys_old":
         if value in (None, ""):
             return ()

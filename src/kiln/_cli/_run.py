@@ -1,10 +1,12 @@
-"""``kiln run``: a Python script run with kiln, and a summary of hits, misses, traces and
-compiles on stderr at exit."""
+"""``kiln run``: a Python script (or ``-m module``, as ``python -m``) run with kiln, and a
+summary of hits, misses, traces and compiles on stderr at exit; ``--jit``: every ``jax.jit`` a
+``kiln.jit`` (:func:`kiln.replace_jax_jit`)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import logging
 import os
 import runpy
@@ -13,6 +15,7 @@ import traceback
 from typing import Any
 
 from .._base import _config, _stats
+from .._jit import _swap
 from .._travel import _jax_cache
 from ._common import Failure, configured
 from ._render import note
@@ -35,22 +38,42 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
         "JAX's own persistent cache is routed into kiln's store (kiln://), so code that calls "
         "jax.jit itself, unchanged, skips its compiles on a second run (KILN_JAX_CACHE=0 "
         "turns that off; a jax_compilation_cache_dir you set is left alone). "
-        "Exits with the script's status.",
+        "With --jit (or KILN_REPLACE_JIT=1), every jax.jit made outside JAX itself, in the "
+        "script and in the libraries it imports, is a kiln.jit: a second run skips tracing "
+        "and lowering too (kiln.replace_jax_jit; KILN_JIT_EXCLUDE leaves modules or "
+        "functions to jax.jit). Exits with the script's status.",
+        usage="kiln run [-h] [--explain] [--verify] [--jit] (SCRIPT | -m MODULE) [ARGS ...]",
     )
     run.add_argument("--explain", action="store_true",
                      help="log why each miss happened (kiln.configure(explain=True)) to stderr")
     run.add_argument("--verify", action="store_true",
                      help="audit mode: re-trace every warm hit and compare with the stored module")
-    run.add_argument("script", metavar="SCRIPT")
+    run.add_argument("--jit", action="store_true",
+                     help="every jax.jit outside JAX itself is a kiln.jit (kiln.replace_jax_jit)"
+                     ": a warm start skips tracing and lowering too")
+    run.add_argument("-m", dest="module", metavar="MODULE", nargs=argparse.REMAINDER,
+                     help="run library module MODULE as __main__, as python -m (the rest of the "
+                     "command line is its arguments)")
+    run.add_argument("script", metavar="SCRIPT", nargs="?")
     run.add_argument("script_args", metavar="ARGS", nargs=argparse.REMAINDER,
                      help="arguments passed to the script")
     run.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    script = args.script
-    if not os.path.isfile(script):
-        raise Failure(f"cannot run {script!r}: no such file", code=2)
+    module: str | None = None
+    if args.module is not None:
+        if not args.module or args.script is not None:
+            raise Failure("kiln run: give either SCRIPT or -m MODULE, before the arguments "
+                          "of what it runs", code=2)
+        module, argv_rest = args.module[0], args.module[1:]
+    else:
+        script = args.script
+        if script is None:
+            raise Failure("kiln run: give SCRIPT or -m MODULE", code=2)
+        if not os.path.isfile(script):
+            raise Failure(f"cannot run {script!r}: no such file", code=2)
+        argv_rest = args.script_args
     settings: dict[str, Any] = {}
     if args.explain:
         settings["explain"] = True
@@ -68,15 +91,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if _config.get_config().jax_cache:
         # unchanged jax.jit code too: JAX's own cache reads and writes the store (kiln://)
         _jax_cache.enable_jax_cache()
+    swapped = False
+    if args.jit or _config.get_config().replace_jit:
+        # before the script's imports: their jax.jit calls (and from jax import jit) see it
+        swapped = _swap.replace_jax_jit()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [script, *args.script_args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     before = _stats.stats()
     try:
         with configured(**settings):
+            if module is not None:
+                # as python -m: the current directory first on sys.path
+                sys.path.insert(0, os.getcwd())
+                sys.argv = [module, *argv_rest]
+                return _run_module(module)
+            sys.argv = [script, *argv_rest]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
             return _run_script(script)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        if swapped:
+            _swap.restore_jax_jit()
         if handler is not None:
             kiln_logger.removeHandler(handler)
         with contextlib.suppress(Exception):
@@ -84,10 +118,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
         note(_format_summary(_stats_delta(before, _stats.stats())))
 
 
+def _run_module(module: str) -> int:
+    """Run ``module`` as ``__main__`` (a package: its ``__main__``); the status
+    ``python -m module`` would exit with."""
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:
+        found = None
+        why = str(e)
+    else:
+        why = f"No module named {module!r}"
+    if found is None:
+        note(f"error: {why}")
+        return 1
+    return _run_main(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
+                     found.origin or module)
+
+
 def _run_script(script: str) -> int:
     """Run ``script`` as ``__main__``; the status ``python script`` would exit with."""
+    return _run_main(lambda: runpy.run_path(script, run_name="__main__"), script)
+
+
+def _run_main(run: Any, script: str) -> int:
+    """Call ``run`` (runpy's, for ``script``); the status Python would exit with."""
     try:
-        runpy.run_path(script, run_name="__main__")
+        run()
     except SystemExit as e:
         return _exit_code(e)
     except KeyboardInterrupt:
@@ -99,8 +155,15 @@ def _run_script(script: str) -> int:
     return 0
 
 
+# the swap's decisions, counted in kiln.stats().reasons
+_SWAP_KINDS = ("jit-swap-kiln", "jit-swap-verify", "jit-swap-jax")
+
+
 def _stats_delta(before: Any, after: Any) -> dict[str, float]:
-    return {f: getattr(after, f) - getattr(before, f) for f in _STATS_FIELDS}
+    delta = {f: getattr(after, f) - getattr(before, f) for f in _STATS_FIELDS}
+    for kind in _SWAP_KINDS:
+        delta[f"reason:{kind}"] = after.reasons[kind] - before.reasons[kind]
+    return delta
 
 
 def _format_summary(delta: dict[str, float]) -> str:
@@ -114,6 +177,12 @@ def _format_summary(delta: dict[str, float]) -> str:
     ]
     if delta["bad_entries"]:
         parts.append(f"bad_entries: {int(delta['bad_entries'])}")
+    swap = {k: int(delta.get(f"reason:{k}", 0)) for k in _SWAP_KINDS}
+    if any(swap.values()):
+        # the jax.jit swap (--jit): what each jax.jit became
+        parts.append(f"jax.jit as kiln.jit: {swap['jit-swap-kiln'] + swap['jit-swap-verify']} "
+                     f"(verify path: {swap['jit-swap-verify']}), left to jax.jit: "
+                     f"{swap['jit-swap-jax']}")
     if delta["jax_cache_hits"] or delta["jax_cache_misses"]:
         # plain jax.jit programs through JAX's cache routed into the store (kiln://)
         parts.append(f"jax cache hits: {int(delta['jax_cache_hits'])}, "
@@ -131,10 +200,16 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
     """The script's traceback without the frames of kiln and runpy above it."""
     tb = exc.__traceback__
     target = os.path.realpath(script)
+    here = os.path.dirname(os.path.realpath(__file__))
     probe = tb
     while probe is not None:
-        if os.path.realpath(probe.tb_frame.f_code.co_filename) == target:
+        filename = probe.tb_frame.f_code.co_filename
+        if os.path.realpath(filename) == target:
             tb = probe
+            break
+        if not (filename.startswith("<frozen runpy") or os.path.basename(filename) == "runpy.py"
+                or os.path.realpath(filename).startswith(here + os.sep)):
+            tb = probe  # the first frame of neither kiln nor runpy (a module's own)
             break
         probe = probe.tb_next
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)

@@ -99,6 +99,10 @@ class JitFunction:
     :meth:`trace`, :meth:`clear_cache`.
     """
 
+    # why the last miss took the verify path (None: keyed by its fingerprint), for the jax.jit
+    # swap's explanations
+    _verify_reason: str | None = None
+
     def __init__(
         self,
         fun: Callable[..., Any],
@@ -145,7 +149,7 @@ class JitFunction:
         # alike (so a function called both ways traces once per signature, as jax.jit does)
         self._wrappers = JitWrappers(fun, self._name, opts)
         # The C++ dispatcher jax.jit uses (without static arguments, __call__ itself)
-        self._dispatch = _dispatch.install(self, JitFunction, self._name, opts)
+        self._dispatch = _dispatch.install(self, type(self), self._name, opts)
         _note_creation(fun)
         # JAX's own cache into the store too (library-internal jax.jit, eager operations)
         _jax_cache.enable_by_default()
@@ -359,6 +363,7 @@ class JitFunction:
             if reason and "re-created" in reason[1]:
                 miss.explain.memory_miss()  # costly even when the store hits: say it now
             executable = miss.run()
+            self._verify_reason = miss.unsound
             self._table[call.key] = executable
             self._entries.append(miss.entries)  # (tier-up may add to it later)
             if miss.policy.start:

@@ -113,6 +113,7 @@ class _Miss:
                                         primitives=program.primitives)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if reason is not None:
+            self.unsound = reason
             self.explain("verify-path", f"taking the verify path: {reason}")
             marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
                       "signature": self.keys.signature, "reason": reason,
