@@ -345,3 +345,29 @@ def test_library_config_objects_count_by_value():
     finally:
         flax.config.update("flax_fix_rng_separator", old)
     assert _digest(f) == before
+
+
+class _Documented:
+    """_Documented(x=<object object at 0x7f00aa>)"""
+
+    def scale(self, x):
+        return x * 2.0
+
+
+def _uses_documented(x):
+    return _Documented().scale(x)
+
+
+def test_a_class_docstring_counts_without_the_addresses_of_reprs():
+    """A generated docstring (a dataclass's signature, a flax Module's) shows its defaults'
+    reprs, whose addresses differ in every process: they change no key; other text does."""
+    from kiln._keys import fingerprint
+
+    first = fingerprint(_uses_documented).digest
+    try:
+        _Documented.__doc__ = "_Documented(x=<object object at 0x55bb01>)"
+        assert fingerprint(_uses_documented).digest == first
+        _Documented.__doc__ = "_Documented(x=<object object at 0x55bb01>, y=1)"
+        assert fingerprint(_uses_documented).digest != first
+    finally:
+        _Documented.__doc__ = "_Documented(x=<object object at 0x7f00aa>)"

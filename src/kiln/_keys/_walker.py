@@ -37,6 +37,7 @@ import importlib.util
 import inspect
 import os
 import random
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -544,6 +545,11 @@ class Walker:
                 continue
             if isinstance(member, types.FunctionType):
                 self.function(member)  # every method, dunders too (__getitem__, __get__)
+            elif attr == "__doc__" and isinstance(member, str):
+                # a docstring: a generated one (a dataclass's signature, flax's Module) shows
+                # its defaults' reprs, with addresses that differ in every process
+                self.add(f"doc:{mod}.{cls.__qualname__}", static_digest(
+                    _ADDRESS.sub("", member), argname=f"{cls.__qualname__}.__doc__"))
             elif attr not in _CLASS_NOT_DATA:
                 # class constants and ClassVars (``Cfg.FACTOR``, enum members, frozensets,
                 # partials, modules) and dunder data (``__dataclass_fields__``: the fields'
@@ -748,8 +754,10 @@ _CLASS_NOT_DATA = frozenset({
     "__required_keys__", "__optional_keys__",  # TypedDict: from ``__annotations__``
     "__readonly_keys__", "__mutable_keys__",
 })
-# (``__doc__`` is walked: a function's docstring is the first constant of its code, so in its
-# digest, and a class's counts the same way; editing it costs a recompile, never staleness.)
+# (``__doc__`` is walked, without the ``at 0x...`` of reprs: a function's docstring is the
+# first constant of its code, so in its digest, and a class's counts the same way; editing it
+# costs a recompile, never staleness.)
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 _BUILTINS = vars(builtins)
 _ORIGINAL_BUILTINS = dict(_BUILTINS)  # as at import: a later assignment is a patch
