@@ -379,3 +379,25 @@ def test_kiln_s_own_store_connection_while_tracing_is_not_the_trace_s(
             store = open_store(kiln.get_config(), layered=False)
             assert store.get("0" * 64) is None  # the first operation connects
     assert r.items() == [] and r.unkeyable is None, r.unkeyable
+
+
+def test_a_directory_s_raw_stat_and_samefile_count_by_what_the_path_is(tmp_path):
+    """jax 0.12 compares paths with ``os.path.samefile`` while tracing (its traceback filter);
+    a directory's size and mtime move whenever an entry is added, so a directory counts by
+    type, device and inode, and a new file in it changes nothing, while a path that becomes
+    another directory does."""
+    from kiln._keys._manifest import check_manifest
+    from kiln._keys._reads import ReadRecorder
+
+    d = tmp_path / "data"
+    d.mkdir()
+    with ReadRecorder() as rec:
+        os.path.samefile(str(d), str(tmp_path / "data"))
+        os.stat(str(d))
+    items = rec.items()
+    assert items and {i[3] for i in items} == {"ident", "stat"}, items
+    (d / "new.txt").write_text("x")
+    assert check_manifest(items) is None
+    d.rename(tmp_path / "old")
+    (tmp_path / "data").mkdir()
+    assert check_manifest(items) is not None

@@ -27,8 +27,10 @@ its ``run`` recorded), and after the trace turns them into manifest items
   ``os.access``): ``os.stat``, ``os.lstat`` and ``os.access`` are wrapped while a recording is
   open. ``how`` says what the check could see, and ``value`` is that, re-computed on a warm
   lookup: ``"type"`` / ``"ltype"`` (an existence or type check: ``"absent"``, ``"file"``,
-  ``"dir"``, ...), ``"stat"`` / ``"lstat"`` (a raw stat: mode, size, mtime, inode, device,
-  links, owner; not the access and change times), ``"access:<mode>:..."`` (the answer).
+  ``"dir"``, ...), ``"ident"`` / ``"lident"`` (``os.path.samefile``, ``ismount``: type,
+  device and inode), ``"stat"`` / ``"lstat"`` (a raw stat: mode, size, mtime, inode, device,
+  links, owner; not the access and change times; a directory by type, device and inode only,
+  as its size and mtime move with every entry added), ``"access:<mode>:..."`` (the answer).
 
 ``path`` is the path as the trace passed it: a relative path is checked relative to the
 working directory of the process that looks the entry up, where the trace would open it.
@@ -272,6 +274,8 @@ _TYPE_CHECKS = _codes(
         "exists", "is_file", "is_dir", "is_symlink", "is_block_device", "is_char_device",
         "is_fifo", "is_socket")),
 )
+# callers that compare what two paths are (samefile, ismount): keyed by type, device and inode
+_IDENT_CHECKS = _codes(genericpath.samefile, posixpath.ismount)
 _PASS_THROUGH = _codes(pathlib.Path.stat, pathlib.Path.lstat)  # the caller's caller decides
 _TYPES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "link",
           stat.S_IFIFO: "fifo", stat.S_IFSOCK: "socket", stat.S_IFCHR: "char-device",
@@ -279,14 +283,20 @@ _TYPES = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "link",
 
 
 def _stat_value(how: str, st: os.stat_result) -> str:
+    kind = _TYPES.get(stat.S_IFMT(st.st_mode), "other")
     if how in ("type", "ltype"):
-        return _TYPES.get(stat.S_IFMT(st.st_mode), "other")
+        return kind
+    if how in ("ident", "lident") or kind == "dir":
+        # what a path is, not what it holds: a directory's size, mtime and link count move
+        # whenever an entry is added (a listing is recorded apart, by its names), and jax's
+        # traceback filter compares paths with os.path.samefile while tracing (jax 0.12)
+        return f"{kind}:{st.st_dev}:{st.st_ino}"
     return (f"{st.st_mode:o}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_dev}:"
             f"{st.st_nlink}:{st.st_uid}:{st.st_gid}")
 
 
 def _error_value(how: str, e: OSError) -> str:
-    return "absent" if how in ("type", "ltype") else f"error:{e.errno}"
+    return "absent" if how in ("type", "ltype", "ident", "lident") else f"error:{e.errno}"
 
 
 def _observe(how: str, full: str) -> str:
@@ -296,7 +306,7 @@ def _observe(how: str, full: str) -> str:
         return str(int(_os_access(full, int(mode), effective_ids=effective == "1",
                                   follow_symlinks=follow == "1")))
     try:
-        st = _os_stat(full) if how in ("type", "stat") else _os_lstat(full)
+        st = _os_stat(full) if how in ("type", "stat", "ident") else _os_lstat(full)
     except OSError as e:
         return _error_value(how, e)
     return _stat_value(how, st)
@@ -380,7 +390,8 @@ def _note_check(kind: str, path: Any, args: tuple[Any, ...], kwargs: dict[str, A
             while frame is not None and frame.f_code in _PASS_THROUGH:
                 frame = frame.f_back
             typed = frame is not None and frame.f_code in _TYPE_CHECKS
-            how = ("" if follow else "l") + ("type" if typed else "stat")
+            ident = frame is not None and frame.f_code in _IDENT_CHECKS
+            how = ("" if follow else "l") + ("type" if typed else "ident" if ident else "stat")
             value = _error_value(how, error) if error is not None else _stat_value(how, result)
         if _caller_is_machinery(caller):
             return
