@@ -11,7 +11,8 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
   ``[path, "<stat>", value, how]``: a path it checked without opening it
   (:mod:`kiln._keys._reads`);
 - ``["<jaxpr>", "<primitives>", digest, names]``: the rules JAX's registries hold for every
-  primitive the program binds (lowering, JVP, transpose, batching, ...), found again by name:
+  primitive the program binds whose rules reach user code (lowering, JVP, transpose,
+  batching, ...), found again by name:
   what JAX runs while lowering and transforming is code too, and a user can register or edit
   a rule for any primitive, jax's own included (:func:`_primitives_digest`);
 - ``[package, "<config>", digest]``: the config object of an installed library whose code
@@ -210,7 +211,11 @@ def manifest_for(
             return [], f"{module}.{qualname}: {e}"
     tail: list[list[str]] = []
     try:
-        bound = sorted({p.name for p in primitives})
+        # only primitives whose rules reach user code (a custom primitive, a rule you
+        # registered for one of jax's): a library's own rules count with its version, and
+        # some are registered lazily, by a lowering in another thread (tier-up), so keying
+        # them made a warm start miss at random (seen on Python 3.12, jax 0.12)
+        bound = sorted({p.name for p in primitives if _reaches_user(p)})
         if bound:
             tail.append(["<jaxpr>", PRIMITIVES, _primitives_digest(bound), ",".join(bound)])
         tops = {_library_of(f) for f in {c.co_filename for c in codes}}
@@ -243,6 +248,14 @@ def _config_digest(top: str) -> str:
         return w.sound_digest()
     except Exception as e:  # noqa: BLE001 - never into the user's call
         raise Unpersistable(walk_failure(e)) from None
+
+
+def _reaches_user(prim: Any) -> bool:
+    """A user primitive, or one some registry holds a rule of user code for."""
+    if is_user_class(type(prim)):
+        return True
+    rules = [*sorted(vars(prim).items()), *_jax_compat.primitive_rules(prim)]
+    return any(_shape_of(rule) is None for _, rule in rules)
 
 
 def _primitives_digest(names: Iterable[str]) -> str:
