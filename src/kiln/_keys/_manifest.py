@@ -28,7 +28,7 @@ import inspect
 import os
 import sys
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import xxhash
@@ -113,18 +113,28 @@ def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
     return any(isinstance(c, types.CodeType) and _contains(c, code) for c in outer.co_consts)
 
 
-def _function_digest(fn: types.FunctionType) -> str:
-    """Full static walk of one manifest function: code, defaults, closure, globals, helpers.
+def _walked_digest(walk: Callable[[Walker], None]) -> str:
+    """The sound digest of a fresh :class:`Walker` after ``walk(w)``; never raises anything
+    but :class:`Unpersistable` (the walk never raises into the user's call).
 
     Raises:
         Unpersistable: some part has no canonical digest (or the walk failed on it).
     """
     w = Walker()
     try:
-        w.function(fn)
+        walk(w)
         return w.sound_digest()
     except Exception as e:  # noqa: BLE001 - never into the user's call
         raise Unpersistable(walk_failure(e)) from None
+
+
+def _function_digest(fn: types.FunctionType) -> str:
+    """Full static walk of one manifest function: code, defaults, closure, globals, helpers.
+
+    Raises:
+        Unpersistable: some part has no canonical digest (or the walk failed on it).
+    """
+    return _walked_digest(lambda w: w.function(fn))
 
 
 def manifest_for(
@@ -242,20 +252,19 @@ def _library_of(filename: str) -> str | None:
 
 
 def _config_digest(top: str) -> str:
-    w = Walker()
-    try:
-        w.library_config(top)
-        return w.sound_digest()
-    except Exception as e:  # noqa: BLE001 - never into the user's call
-        raise Unpersistable(walk_failure(e)) from None
+    return _walked_digest(lambda w: w.library_config(top))
+
+
+def _rule_shapes(prim: Any) -> list[tuple[str, str | None]]:
+    """``(where, shape)`` of the primitive's own attributes and of every rule JAX's
+    registries hold for it (:func:`_shape_of`: None where it reaches user code)."""
+    rules = [*sorted(vars(prim).items()), *_jax_compat.primitive_rules(prim)]
+    return [(where, _shape_of(rule)) for where, rule in rules]
 
 
 def _reaches_user(prim: Any) -> bool:
     """A user primitive, or one some registry holds a rule of user code for."""
-    if is_user_class(type(prim)):
-        return True
-    rules = [*sorted(vars(prim).items()), *_jax_compat.primitive_rules(prim)]
-    return any(_shape_of(rule) is None for _, rule in rules)
+    return is_user_class(type(prim)) or any(sh is None for _, sh in _rule_shapes(prim))
 
 
 def _primitives_digest(names: Iterable[str]) -> str:
@@ -273,15 +282,14 @@ def _primitives_digest(names: Iterable[str]) -> str:
     """
     names = list(names)
     found = _jax_compat.primitives_named(set(names))
-    w = Walker()
-    try:
+
+    def walk(w: Walker) -> None:
         for name in names:
             prims = found.get(name, [])
             if not prims:  # (lowered by other means; not loaded yet in a warm process: a miss)
                 w.add(f"rules:{name}", "none registered")
             for i, prim in enumerate(prims):
-                rules = [*sorted(vars(prim).items()), *_jax_compat.primitive_rules(prim)]
-                shapes = [(where, _shape_of(rule)) for where, rule in rules]
+                shapes = _rule_shapes(prim)
                 if is_user_class(type(prim)) or any(sh is None for _, sh in shapes):
                     w.value(f"{name}[{i}]", prim)  # the full walk (Walker.try_walk_primitive)
                     continue
@@ -289,11 +297,8 @@ def _primitives_digest(names: Iterable[str]) -> str:
                 w.add(f"primitive:{name}[{i}]", f"{cls.__module__}.{cls.__qualname__}")
                 for where, sh in shapes:
                     w.add(f"rules:{name}[{i}].<{where}>", str(sh))
-        return w.sound_digest()
-    except Unpersistable:
-        raise
-    except Exception as e:  # noqa: BLE001 - never into the user's call
-        raise Unpersistable(walk_failure(e)) from None
+
+    return _walked_digest(walk)
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
@@ -397,15 +402,13 @@ def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
     Raises:
         Unpersistable: some part has no canonical digest.
     """
-    w = Walker()
-    w.add(f"module:{mod.__name__}", ",".join(attrs))
-    try:
+    def walk(w: Walker) -> None:
+        w.add(f"module:{mod.__name__}", ",".join(attrs))
         for attr in attrs:
             found, v = module_attr(mod, attr, True)
             w.value(f"{mod.__name__}.{attr}", v if found else "<missing>")
-        return w.sound_digest()
-    except Exception as e:  # noqa: BLE001 - never into the user's call
-        raise Unpersistable(walk_failure(e)) from None
+
+    return _walked_digest(walk)
 
 
 def check_manifest(
