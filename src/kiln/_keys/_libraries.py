@@ -22,6 +22,8 @@ import functools
 import importlib.metadata
 import inspect
 import os
+import pathlib
+import re
 import sys
 import sysconfig
 import types
@@ -102,9 +104,75 @@ def script_module(name: str) -> str:
     return "__main__" if name == "__mp_main__" else name
 
 
-@functools.lru_cache(maxsize=1)
-def _packages_distributions() -> dict[str, list[str]]:
-    return dict(importlib.metadata.packages_distributions())
+def _providers(top: str) -> list[str]:
+    """Names of the distributions installed beside top-level package ``top`` that provide it
+    (what ``importlib.metadata.packages_distributions()[top]`` says), read from the
+    ``.dist-info`` / ``.egg-info`` folders of the ``sys.path`` entry ``top`` is imported from:
+    each folder's ``top_level.txt``, else its ``RECORD`` searched as text. Scanning every
+    installed distribution with ``packages_distributions()`` parses each ``RECORD`` into
+    paths: 0.2-0.65 s in a venv with flax, numpyro and jax-md, on the first call of a
+    process; this reads the same files as text, those named like ``top`` first (~0.1 ms; ~10 ms
+    for a namespace package or a name unlike its distribution's, 200 distributions)."""
+    found: list[str] = []
+    mod = sys.modules.get(top)
+    regular = getattr(mod, "__file__", None) is not None  # not a namespace package
+    for root in _import_roots(top):
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError:
+            continue
+        folders = [e for e in entries if e.name.endswith((".dist-info", ".egg-info"))]
+        if regular:
+            # one distribution installs a regular package: those named like it first
+            # (dm_haiku-0.0.17.dist-info for haiku)
+            key = top.lower().replace("-", "_")
+            folders.sort(key=lambda e: key not in e.name.lower())
+        for entry in folders:
+            if not entry.is_dir():
+                continue
+            if _folder_provides(entry.path, top):
+                try:
+                    name = importlib.metadata.PathDistribution(
+                        pathlib.Path(entry.path)).metadata["Name"]
+                except Exception:  # noqa: BLE001 - a broken folder names nothing
+                    name = None
+                if name:
+                    found.append(str(name))
+                    if regular:
+                        break
+        if found:
+            break
+    return found
+
+
+def _import_roots(top: str) -> list[str]:
+    """The ``sys.path`` entries holding top-level package or module ``top``: the folder of
+    the imported module (a namespace package's folders), else every entry."""
+    mod = sys.modules.get(top)
+    places = list(getattr(mod, "__path__", None) or ())
+    if not places and getattr(mod, "__file__", None):
+        places = [mod.__file__]  # type: ignore[union-attr]
+    roots = list(dict.fromkeys(os.path.dirname(os.path.realpath(p))
+                               for p in places if isinstance(p, str)))
+    return roots or [p for p in sys.path if p and os.path.isdir(p)]
+
+
+def _folder_provides(folder: str, top: str) -> bool:
+    """A ``.dist-info`` / ``.egg-info`` folder's distribution installs ``top``."""
+    try:
+        with open(os.path.join(folder, "top_level.txt"), encoding="utf-8") as f:
+            return top in f.read().split()
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(folder, "RECORD"), encoding="utf-8",
+                  errors="surrogateescape") as f:
+            text = f.read()
+    except OSError:
+        return False
+    # rows "top/...", "top.py,...", "top.cpython-311-x86_64-linux-gnu.so,..." (maybe quoted)
+    pattern = re.compile(r'^"?' + re.escape(top) + r'(/|\.[^/,]*,)', re.MULTILINE)
+    return pattern.search(text) is not None
 
 
 def library_version(module_name: str) -> str:
@@ -123,7 +191,7 @@ def _top_level_version(top: str) -> str:
     if top in sys.stdlib_module_names or top == "builtins":
         return f"python=={sys.version.split()[0]}"
     # Most distributions are named like their top-level package (jax, numpy, equinox): ask
-    # for that first; scanning every installed distribution costs ~0.4 s.
+    # for that first, then the distributions beside it (_providers).
     candidates = [top, top.replace("_", "-")]
     for name in candidates:
         try:
@@ -133,7 +201,7 @@ def _top_level_version(top: str) -> str:
         if top in (dist.read_text("top_level.txt") or top).split() or _provides(dist, top):
             meta = dist.metadata  # (parsed on each access: once here)
             return f"{meta['Name']}=={meta['Version']}{_record_digest(dist)}"
-    dists = _packages_distributions().get(top)
+    dists = _providers(top)
     if not dists:
         return f"{top}==unknown"
     name = sorted(dists)[0]
