@@ -68,6 +68,9 @@ def pytest_configure(config: Any) -> None:
     route, swap = _wanted(config)
     if not route:
         return
+    import kiln_early
+
+    kiln_early.skip()  # kiln is imported first here: no early start to remember
     import kiln
     from kiln._travel import _jax_cache
 

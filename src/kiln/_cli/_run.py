@@ -14,6 +14,8 @@ import sys
 import traceback
 from typing import Any
 
+import kiln_early
+
 from .._base import _config, _stats
 from .._jit import _swap
 from .._travel import _jax_cache
@@ -142,6 +144,7 @@ def _run_script(script: str) -> int:
 
 def _run_main(run: Any, script: str) -> int:
     """Call ``run`` (runpy's, for ``script``); the status Python would exit with."""
+    kiln_early.skip()  # kiln is imported first here: no early start to remember
     try:
         run()
     except SystemExit as e:

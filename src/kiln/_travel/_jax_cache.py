@@ -45,6 +45,8 @@ from typing import Any
 import jax
 import jaxlib
 
+import kiln_early
+
 from .._base import (
     EntryError,
     KilnError,
@@ -478,7 +480,9 @@ def enable_at_import() -> None:
 
 def enable_by_default() -> None:
     """The route for a process that uses :func:`kiln.jit`, unless ``KILN_JAX_CACHE=0`` or the
-    user set their own ``jax_compilation_cache_dir``."""
+    user set their own ``jax_compilation_cache_dir``. The program's next run turns the route on
+    before its first compile, wherever it imports kiln (``kiln_early``)."""
+    kiln_early.remember()
     cfg = get_config()
     if cfg.store and "://" in cfg.store and not cfg.signing_key:
         # the unsigned-shared-store notice as a warning here, where the user's code creates a
