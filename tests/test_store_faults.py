@@ -369,3 +369,51 @@ def test_results_that_are_not_jax_types_raise_as_jax_jit(fun: object) -> None:
     assert str(kiln_error.value).split(" returned ")[1] == str(jax_error.value).split(
         " returned ")[1]
     assert kiln.stats().stores_written == 0
+
+
+_HOLD_AND_CORRUPT = """
+import sys, time
+from kiln.stores import LocalStore
+store = LocalStore(sys.argv[1])
+key = sys.argv[2]
+lease = store.lease(key, 60)
+assert lease.acquire()
+print("held", flush=True)
+time.sleep(1.5)  # the other process is polling for the entry by now
+store.put(key, b"KILNENT\\x00 not an entry")
+time.sleep(1.5)
+lease.release()
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_entry_that_goes_bad_while_a_process_waits_for_it_is_reported(
+        kiln_store: Path, strict: bool) -> None:
+    """Before: polling muted the report, so KILN_STRICT=1 replaced it without raising."""
+    from kiln.stores import LocalStore
+
+    store_dir = kiln_store
+
+    def twice(x):
+        return x * 2.0 + 1.0
+
+    f = kiln.jit(twice)
+    assert float(f(jnp.float32(1.0))) == 3.0  # cold: learn the key
+    (key,) = [k for k in LocalStore(store_dir).iter()
+              if decode(LocalStore(store_dir).get(k), signing_key=None).header.get("kind")
+              != "verify-only"]
+    LocalStore(store_dir).delete(key)
+    f.clear_cache()
+    with subprocess.Popen([sys.executable, "-c", _HOLD_AND_CORRUPT, str(store_dir), key],
+                          stdout=subprocess.PIPE, text=True) as holder:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = kiln.stats().bad_entries
+        if strict:
+            kiln.configure(strict=True)
+            with pytest.raises(kiln.StoreError, match="KILN_STRICT=1 makes this an error"):
+                f(jnp.float32(1.0))
+        else:
+            with pytest.warns(kiln.StoreWarning, match="is unusable"):
+                assert float(f(jnp.float32(1.0))) == 3.0
+        assert kiln.stats().bad_entries == before + 1
+        holder.wait(timeout=60)

@@ -133,7 +133,13 @@ logger = logging.getLogger("kiln")
 
 
 class Unserializable(Exception):
-    """This compiled program cannot be written as an entry (and why)."""
+    """This compiled program cannot be written as an entry (and why).
+
+    ``advice``: what the user can do about it (the warning says it), or ``""``."""
+
+    def __init__(self, reason: str, advice: str = "") -> None:
+        super().__init__(reason)
+        self.advice = advice
 
 
 class LiveObjectMissing(Exception):
@@ -595,9 +601,12 @@ def serialize_compiled(
     if unloaded is None:
         raise Unserializable("this executable kind does not support serialization")
     if compiled._params.const_args:
-        raise Unserializable("the program closes over large constants (const_args)")
+        raise Unserializable("the program closes over large constants (const_args)",
+                             advice="pass the array it closes over as an argument (traced) or "
+                             "as a static argument (by value)")
     if getattr(unloaded, "mut", None) is not None and unloaded.mut.in_mut:
-        raise Unserializable("the program closes over a mutable array ref")
+        raise Unserializable("the program closes over a mutable array ref",
+                             advice="pass the array ref as an argument")
     callbacks = list(unloaded.host_callbacks)
     sections: dict[str, bytes] = {}
     mode = "none"
@@ -969,7 +978,10 @@ def pickle_tree(value: Any, inputs: Sequence[Any]) -> bytes:
         _TreePickler(buf, inputs).dump(value)
     except Exception as e:  # noqa: BLE001
         raise Unserializable(f"the output's tree structure cannot be pickled: "
-                             f"{type(e).__name__}: {e}") from None
+                             f"{type(e).__name__}: {e}",
+                             advice="return arrays and objects the inputs hold (a TrainState's "
+                             "apply_fn and tx come back as the caller's own) or objects "
+                             "cloudpickle can carry") from None
     return buf.getvalue()
 
 

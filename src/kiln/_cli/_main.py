@@ -36,7 +36,8 @@ def _common(suppress: bool) -> _Parser:
     p.add_argument("--cache-dir", metavar="DIR", default=default,
                    help="directory of the local store (default: KILN_CACHE_DIR or the user cache)")
     p.add_argument("--store", metavar="URL", default=default,
-                   help="store URL: a directory, 'local', 'memory' or 'null' (default: KILN_STORE)")
+                   help="store URL: a directory, 'local', 'memory', 'null', redis://host:port/db, "
+                   "s3://bucket/prefix or another fsspec URL (default: KILN_STORE)")
     return p
 
 

@@ -360,7 +360,7 @@ class JitFunction:
                 self._table[call.key] = miss.uncompiled
                 return miss.uncompiled
             reason = miss.explain.memory_reason = self._memory_miss_reason(call, miss.cfg)
-            if reason and "re-created" in reason[1]:
+            if reason and reason[0] == "re-created":
                 miss.explain.memory_miss()  # costly even when the store hits: say it now
             executable = miss.run()
             self._verify_reason = miss.unsound
@@ -380,7 +380,9 @@ class JitFunction:
                     self._dispatch._clear_cache()
 
     def _memory_miss_reason(self, call: Call, cfg: Config) -> tuple[str, str] | None:
-        """(kind, message) explaining why this call missed the in-process table."""
+        """(kind, message) explaining why this call missed the in-process table: kind
+        ``new-function``, ``re-created`` (a kiln.jit made again around a function made again,
+        said before the store is read: costly even when it hits) or ``signature``."""
         if not (cfg.explain or logger.isEnabledFor(logging.DEBUG)):
             return None
         if not self._table:
@@ -390,7 +392,8 @@ class JitFunction:
                 "process: if it is re-created on every call, hoist the kiln.jit(...) out of the "
                 "loop or function)" if n > 2 else ""
             )
-            return "new-function", f"{self._name}: first call in this process{hint}"
+            return ("re-created" if hint else "new-function",
+                    f"{self._name}: first call in this process{hint}")
         paths = _args.leaf_paths(self._options.positional, call.dyn_args, call.dyn_kwargs,
                                  call.statics)
         key = call.key
@@ -399,11 +402,13 @@ class JitFunction:
         return "signature", _explain.describe_signature_change(self._name, new, seen)
 
 
-_creations: dict[Any, int] = {}
+# kiln functions made per code object (or class of a callable object): a hint for the
+# explanation of a function re-created on every call; weak, so code let go is forgotten
+_creations: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def _code_of(fun: Any) -> Any:
-    return getattr(fun, "__code__", None) or id(type(fun))
+    return getattr(fun, "__code__", None) or type(fun)
 
 
 def _note_creation(fun: Any) -> None:

@@ -152,7 +152,7 @@ class JitWrappers:
             out["out_shardings"] = options.out_shardings
         if options.in_shardings is None:
             return out
-        kids = treedef.children()[0].children()  # (checked by _prepare.in_shardings_fit)
+        kids = treedef.children()[0].children()  # (checked by _prepare._in_shardings_fit)
         spec = options.in_shardings
         if not isinstance(spec, tuple | list):
             spec = (spec,) * len(kids)

@@ -177,6 +177,8 @@ class _Miss:
             flight = await_or_lease(lease, look, seconds=cfg.lease_seconds,
                                     wait=cfg.lease_wait, waiting=waiting)
         except (OSError, StoreError) as e:
+            if cfg.strict and key in self.reader.reported:
+                raise  # KILN_STRICT=1: the entry that went bad while this process waited
             logger.debug("kiln: no lease on %s in %r (%s)", short_key(key), self.store.url, e)
             return None, None
         if flight.waited and flight.found is None:

@@ -77,6 +77,7 @@ class EntryReader:
         self.replace_keys: set[str] = set()
         self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
         self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
+        self.reported: set[str] = set()  # keys whose bad entry was reported (once per key)
 
     def load(self, key: str) -> Loaded:
         """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not."""
@@ -151,11 +152,11 @@ class EntryReader:
             # most likely a good entry of a signed fleet store, and this process the one
             # without the key: compile here, and leave the entry alone (never replaced)
             self.keep_keys.add(key)
-            self._bad_entry(f"kiln: entry {short_key(key)} of {self.fun._name} in "
+            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.fun._name} in "
                             f"{self.store.url!r} is not loaded ({e})",
                             then="compiling here, leaving the entry as it is")
         except EntryError as e:
-            self._bad_entry(f"kiln: entry {short_key(key)} of {self.fun._name} in "
+            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.fun._name} in "
                             f"{self.store.url!r} is unusable ({e})")
         return None
 
@@ -237,17 +238,20 @@ class EntryReader:
                                                            self.program.input_objects())
                 compiled = wrap_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
-            self._bad_entry(f"kiln: entry {short_key(key)} of {self.fun._name} could not be "
+            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.fun._name} could not be "
                             f"loaded ({type(e).__name__}: {e})")
             return None
         return compiled
 
-    def _bad_entry(self, message: str, then: str = "recompiling and replacing it") -> None:
+    def _bad_entry(self, key: str, message: str,
+                   then: str = "recompiling and replacing it") -> None:
         """Count and warn about a bad entry (``then`` says what kiln does next), once per key
-        (not again when single-flight looks at the same entry once more); with
-        ``KILN_STRICT=1`` a :class:`StoreError`."""
-        if self.explain.quiet:
+        (not again when single-flight looks at the same entry once more; an entry that goes
+        bad while this process polls for it is reported too); with ``KILN_STRICT=1`` a
+        :class:`StoreError`."""
+        if key in self.reported:
             return
+        self.reported.add(key)
         _stats.bump(bad_entries=1)
         self.explain("bad-entry", f"{message.removeprefix('kiln: ')}; {then}")
         if self.cfg.strict:

@@ -25,19 +25,6 @@ from ._progress import compiling
 __all__ = ["EntryWriter"]
 
 
-def _advice(reason: str) -> str:
-    """What to do about an executable that cannot be stored, by its reason."""
-    if "large constants" in reason:
-        return ("pass the array it closes over as an argument (traced) or as a static "
-                "argument (by value)")
-    if "tree structure" in reason:
-        return ("return arrays and objects the inputs hold (a TrainState's apply_fn and tx "
-                "come back as the caller's own) or objects cloudpickle can carry")
-    if "mutable array" in reason:
-        return "pass the array ref as an argument"
-    return "KILN_EXPLAIN=1 says more"
-
-
 class EntryWriter:
     """The compiles and store writes of one miss of ``fun``.
 
@@ -150,7 +137,7 @@ class EntryWriter:
         except _jax_compat.Unserializable as e:
             self.explain("unstorable", f"executable not stored: {e}")
             self.not_storable_reason = str(e)
-            self._not_stored(str(e))
+            self._not_stored(str(e), e.advice)
             return result, None, "none"
         return result, sections, mode
 
@@ -167,7 +154,7 @@ class EntryWriter:
         self.replace_keys.add(key)  # (an expired marker may be there: a remote put keeps it)
         self.put(key, marker, {}, counted=False)
 
-    def _not_stored(self, reason: str) -> None:
+    def _not_stored(self, reason: str, advice: str) -> None:
         """Never silent (issue 23): a function whose executable cannot be stored warns once per
         process with the reason and what to do, and leaves a marker (kind ``unstorable``) that
         ``kiln stats`` and ``kiln ls`` list."""
@@ -177,7 +164,7 @@ class EntryWriter:
         fun._warned_not_stored = True  # type: ignore[attr-defined]
         warnings.warn(
             f"kiln: {fun._name}: its executable is not stored ({reason}), so every process "
-            f"compiles it again; {_advice(reason)}",
+            f"compiles it again; {advice or 'KILN_EXPLAIN=1 says more'}",
             KilnWarning, stacklevel=user_stacklevel(),
         )
         function = f"{fun._module}.{fun._name}"
