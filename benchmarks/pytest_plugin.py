@@ -16,7 +16,9 @@ The suite: test modules shipped inside the installed optax package (default: a s
 - ``jax cache run 1`` / ``run 2``: ``JAX_COMPILATION_CACHE_DIR`` in a fresh temporary
   directory, ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0``,
   ``JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1``: first run fills it, second reads it;
-- ``kiln run 1`` / ``run 2``: ``pytest --kiln`` on a fresh kiln store, then again.
+- ``kiln run 1`` / ``run 2``: ``pytest --kiln`` on a fresh kiln store, then again;
+- ``kiln-jit run 1`` / ``run 2``: ``pytest --kiln --kiln-jit`` (every ``jax.jit`` outside JAX
+  a ``kiln.jit``) on a fresh kiln store, then again. Target: run 2 <= 0.3x plain.
 
 Each repetition starts from empty caches; the modes of a repetition run in the order above
 (run 2 needs run 1), so drift hits repetitions, not modes. Each figure is the median over the
@@ -40,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_TESTS = ("transform_test.py", "combine_test.py", "update_test.py", "utils_test.py")
-MODES = ("plain", "jax cache run 1", "jax cache run 2", "kiln run 1", "kiln run 2")
+MODES = ("plain", "jax cache run 1", "jax cache run 2", "kiln run 1", "kiln run 2",
+         "kiln-jit run 1", "kiln-jit run 2")
 _STRIP = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_COMPILATION")
 
 
@@ -51,17 +54,21 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool) -> dict[str, Any]:
+def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
+              swap: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
     if kiln:
         cmd.append("--kiln")
+    if swap:
+        cmd.append("--kiln-jit")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
     tail = proc.stdout.strip().splitlines()[-3:]
     found = re.findall(r"(\d+) (passed|failed|skipped|error)", "\n".join(tail))
     counts = {k: int(n) for n, k in found}
-    summary = next((ln for ln in tail if ln.startswith("kiln:")), "")
+    summary = "; ".join(ln for ln in proc.stdout.strip().splitlines()[-4:]
+                        if ln.startswith("kiln:"))
     if proc.returncode not in (0, 1) or not counts:
         raise SystemExit(f"error: {shlex.join(cmd)} exited {proc.returncode}\n"
                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -93,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="kiln-pytest-bench-") as tmp:
             tmpdir = Path(tmp)
             jcache, store = tmpdir / "jax-cache", tmpdir / "kiln-store"
+            swap_store = tmpdir / "kiln-jit-store"
             for mode in MODES:
                 if mode == "plain":
                     r = run_suite(files, _env(), tmpdir, kiln=False)
@@ -101,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                         JAX_COMPILATION_CACHE_DIR=str(jcache),
                         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1"), tmpdir, kiln=False)
+                elif mode.startswith("kiln-jit"):
+                    r = run_suite(files, _env(KILN_CACHE_DIR=str(swap_store)), tmpdir,
+                                  kiln=True, swap=True)
                 else:
                     r = run_suite(files, _env(KILN_CACHE_DIR=str(store)), tmpdir, kiln=True)
                 samples[mode].append(r)
@@ -118,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kiln run 2 / jax cache run 2: {med['kiln run 2'] / med['jax cache run 2']:.3f}x; "
           f"kiln run 2 / plain: {med['kiln run 2'] / med['plain']:.3f}x; "
           f"kiln run 1 / plain: {med['kiln run 1'] / med['plain']:.3f}x")
+    print(f"kiln-jit run 2 / plain: {med['kiln-jit run 2'] / med['plain']:.3f}x (target 0.3x); "
+          f"kiln-jit run 2 / kiln run 2: {med['kiln-jit run 2'] / med['kiln run 2']:.3f}x; "
+          f"kiln-jit run 1 / plain: {med['kiln-jit run 1'] / med['plain']:.3f}x")
     counts = {json.dumps(s["counts"], sort_keys=True) for m in MODES for s in samples[m]}
     print(f"pass/fail counts identical in every run: {len(counts) == 1} ({'; '.join(counts)})")
     if args.json is not None:
