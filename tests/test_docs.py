@@ -15,7 +15,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 def test_noinline_example_in_the_doc_is_the_script():
     doc = (DOCS / "noinline.md").read_text()
-    block = re.search(r"```python\n(.*?)```", doc, re.S)
+    block = re.search(r"## Worked example\n.*?```python\n(.*?)```", doc, re.S)
     assert block is not None
     script = (DOCS / "noinline_example.py").read_text()
     assert script.split('"""\n\n', 1)[1] == block.group(1)
