@@ -644,8 +644,8 @@ def test_edit_gives_the_edited_programs_value(runs: dict[str, Any], s: Scenario)
     for k in ("B", "Bv", "D"):
         assert _same_as_jax(runs[k], s.name) == before, k
     if sys.version_info < s.python:
-        pytest.skip(f"kiln sees this edit on Python {s.python} and later (README: what kiln "
-                    "cannot see)")
+        pytest.skip(f"kiln sees this edit on Python {s.python} and later (docs/never-stale.md: "
+                    "what kiln cannot see)")
     after = _same_as_jax(runs["C"], s.name)
     if s.name != "set_iteration":  # another seed may happen to keep the iteration order
         assert after != before, "the edit does not change the program: a useless scenario"

@@ -75,7 +75,8 @@ __all__ = [
 
 # The kiln:// route (JAX's own persistent cache in kiln's store) from import on, so what a
 # script compiles before its first kiln.jit is cached too; KILN_JAX_CACHE=0 or a JAX cache
-# directory of the user's own leaves JAX alone (README, "What kiln changes in JAX").
+# directory of the user's own leaves JAX alone (docs/reference.md, "What kiln changes in JAX's
+# global state").
 # KILN_REPLACE_JIT=1: every jax.jit made from here on outside JAX itself is a kiln.jit
 from ._jit import replace_at_import as _replace_at_import  # noqa: E402
 from ._travel import enable_at_import as _enable_at_import  # noqa: E402

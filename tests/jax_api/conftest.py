@@ -27,8 +27,8 @@ import re
 import types
 
 # JAX's test harness checks that a test leaves the compilation cache object as it found it;
-# kiln's default of turning JAX's persistent cache on (README, "What kiln changes in JAX") would
-# trip it in the first test that compiles. Set before kiln is imported.
+# kiln's default of turning JAX's persistent cache on (docs/reference.md, "What kiln changes in
+# JAX's global state") would trip it in the first test that compiles. Set before kiln is imported.
 os.environ.setdefault("KILN_JAX_CACHE", "0")
 
 import jax  # noqa: E402

@@ -49,9 +49,9 @@ checked path that changed during the trace, a network connection or a subprocess
 tracing, a thread started without ``threading.Thread`` (``_thread.start_new_thread``; seen on
 Python 3.12+).
 
-Not seen (README, "What kiln cannot see"): reads that do not go through Python's audited or
-wrapped calls (a C library calling ``fopen`` itself: HDF5 through h5py; ``os.stat`` bound
-before the recording, ``from os import stat``; ``os.fstat``, ``os.readlink``,
+Not seen (docs/never-stale.md, "What kiln cannot see"): reads that do not go through Python's
+audited or wrapped calls (a C library calling ``fopen`` itself: HDF5 through h5py; ``os.stat``
+bound before the recording, ``from os import stat``; ``os.fstat``, ``os.readlink``,
 ``os.DirEntry.stat``), and reads by threads that were running before the trace started (a
 ``ThreadPoolExecutor`` whose workers an earlier call started).
 """

@@ -121,7 +121,7 @@ class Walker:
                     changed = True
                     if not user and not _has_code_or_name(v) and not is_user_class(type(v)):
                         # library state (os.environ, jax.config, a registry): by value when it
-                        # has one, else by the library's version (README: what kiln cannot see)
+                        # has one, else by the library's version (docs/never-stale.md)
                         self.library_state(f"{mod.__name__}.{attr}", v)
                     else:
                         self.value(f"{mod.__name__}.{attr}", v, lenient=not user)
