@@ -49,7 +49,7 @@ class Config:
             process (connecting: at most 1 s) before it is skipped for the rest of the
             process; once it has answered, five times that per answer (a large entry streaming
             in is not cut off). Default 0.8: a hung or dead store costs a process under a
-            second, once (issue 24; Redis answers a read in milliseconds, S3 in tens).
+            second, once (Redis answers a read in milliseconds, S3 in tens).
         lease_seconds: single-flight: a process compiling a key holds a lease on it for this
             many seconds, renewed while it compiles; other processes wait for its entry, and
             take over if the lease runs out (its holder died). Default 30.

@@ -75,7 +75,7 @@ ArrayImpl = _xc.ArrayImpl
 
 # jax._src.core's Primitive, jaxpr_as_fun and jaxprs_in_params: what ``jax.extend.core``
 # re-exports (0.4 to 0.12). Taken from jax._src.core, already imported by jax, because importing
-# ``jax.extend`` imports all of it, pallas included: 18 ms of every ``import kiln`` (issue 23).
+# ``jax.extend`` imports all of it, pallas included: 18 ms of every ``import kiln``.
 Primitive = _core.Primitive
 jaxpr_as_fun = _core.jaxpr_as_fun
 
@@ -1246,7 +1246,7 @@ def write_from_every_process(when: Callable[[], bool]) -> bool:
     process_id != 0", ``jax._src.compiler._cache_write``, jax 0.10 to 0.12), against write
     contention on file systems such as GCS. A program only process 1 compiles (its eager work
     on its own devices: a key of its own) is then compiled by process 1 in every run, and
-    process 0 waits for it at the job's first collective (issue 21). kiln's store takes
+    process 0 waits for it at the job's first collective. kiln's store takes
     concurrent writes of one key (atomic rename; a remote store's put keeps what it holds),
     so under the route each process writes what it compiled. JAX's other checks (host
     callbacks, the minimum compile time) are JAX's own. Returns whether it is installed (False
@@ -1278,7 +1278,7 @@ def write_from_every_process(when: Callable[[], bool]) -> bool:
 # A CPU executable that JAX's persistent cache deserialized serializes again without its
 # kernels: loading those bytes gives an executable that fails on its first run with "NOT_FOUND:
 # Function <fusion> not found (type id: 1)" (jaxlib 0.10.2 and 0.12; JAX's own api_test
-# test_jit_forwarding_correctness under kiln, issue 22; the route in a multi-process job).
+# test_jit_forwarding_correctness under kiln; the route in a multi-process job).
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
 _watch = threading.local()
 _watch_lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""What an executable needs from the machine it runs on: the ``machine`` key part (issue 26).
+"""What an executable needs from the machine it runs on: the ``machine`` key part.
 
 XLA:CPU compiles for the host's instruction set (LLVM's host CPU features), and its loader
 rejects an executable compiled for another ("Machine type used for XLA:CPU compilation doesn't

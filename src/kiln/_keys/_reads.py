@@ -1,5 +1,5 @@
 """What a trace reads from outside Python: files opened, directories listed, databases
-connected, paths checked (issues 20 and 33).
+connected, paths checked.
 
 A function that reads a file while it traces (``json.load(open("cfg.json"))``,
 ``np.load("w.npy")``) bakes the file's content into the program. The static walk cannot see

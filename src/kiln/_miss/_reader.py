@@ -45,7 +45,7 @@ class Outcome(enum.Enum):
     UNUSABLE = "unusable"  # a corrupt, foreign or tampered entry, or a store that failed
     VERIFY_ONLY = "verify-only"  # a marker: this function takes the verify path
     # a short-lived marker: the process that compiled it could not store it; compile here now
-    # (waiters do not take the key over one after another: issue 24)
+    # (waiters do not take the key over one after another)
     NOT_STORABLE = "not-storable"
 
 

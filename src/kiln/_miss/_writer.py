@@ -145,7 +145,7 @@ class EntryWriter:
         """Under the key this process just compiled and could not store (while it still holds
         the key's lease): a marker that lasts ``lease_seconds``. The processes waiting for the
         entry read it and compile at once, together, instead of taking the key over one after
-        another (N waiters: N compiles in sequence; issue 24). Once it has expired a process
+        another (N waiters: N compiles in sequence). Once it has expired a process
         tries to store the executable again (another version of a library may manage)."""
         now = time.time()
         marker = {"kind": "not-storable", "function": f"{self.fun._module}.{self.fun._name}",
@@ -155,7 +155,7 @@ class EntryWriter:
         self.put(key, marker, {}, counted=False)
 
     def _not_stored(self, reason: str, advice: str) -> None:
-        """Never silent (issue 23): a function whose executable cannot be stored warns once per
+        """Never silent: a function whose executable cannot be stored warns once per
         process with the reason and what to do, and leaves a marker (kind ``unstorable``) that
         ``kiln stats`` and ``kiln ls`` list."""
         fun = self.fun

@@ -97,7 +97,7 @@ _SETTINGS = {  # what the route sets (see enable_jax_cache)
 
 def store_key(jax_key: str) -> str:
     """The store key (64 hex characters) of the value JAX caches under ``jax_key``, on this
-    kind of machine: JAX's key holds no CPU features (issue 26), kiln's store key does."""
+    kind of machine: JAX's key holds no CPU features, kiln's store key does."""
     global _last_key
     kind = machine()
     last = _last_key
@@ -465,7 +465,7 @@ def disable_jax_cache() -> None:
 
 
 def enable_at_import() -> None:
-    """The route from ``import kiln`` on (issue 23), unless ``KILN_JAX_CACHE=0`` or the user set
+    """The route from ``import kiln`` on, unless ``KILN_JAX_CACHE=0`` or the user set
     their own ``jax_compilation_cache_dir``: what a script compiles before its first
     :func:`kiln.jit` exists (drawing data, initialising a model: eager operations and library
     ``jax.jit`` calls) is cached too, as JAX's cache configured from the environment would be.

@@ -4,7 +4,7 @@ Reads go to the local store first, then the remote; a remote hit is copied into 
 so the next process on this host reads it from disk. Writes go to both (``remote_mode``
 ``"read-only"``: the local one only). ``remote_mode="remote-only"``: no local store.
 
-Writes are write-behind (issue 24): the entry goes to the local store at once and the caller
+Writes are write-behind: the entry goes to the local store at once and the caller
 goes on (its first result never waits for an upload); one daemon thread per store uploads, in
 order. The remote lease on the key (single flight across hosts) is given up only when its
 upload has landed, so a waiter on another host finds the entry when it is let go. At exit the

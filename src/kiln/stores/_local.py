@@ -23,7 +23,7 @@ file may be empty or torn, and its digest, checked before any byte is decoded, m
 entry, compiled again and replaced. The index is advisory: it is rebuilt from the directory
 when it is missing or corrupt, a row whose file is gone is dropped, and the rows of reads and
 writes are recorded together, in one transaction at most every ``_TOUCH_EVERY`` seconds, before
-the index is read, and at exit (a put costs a file write, not a SQLite commit: issue 24,
+the index is read, and at exit (a put costs a file write, not a SQLite commit:
 ``benchmarks/store_put.py``). A row lost to a crash before that is written again when the
 entry is next read, and by ``kiln prune``. Directories are created 0700 and files 0600: an entry
 holds native code, so the store must be private to its user.
@@ -655,7 +655,7 @@ class FileLease:
 
     Taken with ``fcntl.flock`` directly where there is one: every miss of the ``kiln://`` route
     takes a lease, and ``filelock.FileLock`` (4.x: fork tracking, a singleton table, ``realpath``)
-    costs 0.12 ms an acquire and release where the system call costs 0.007 ms (issue 24).
+    costs 0.12 ms an acquire and release where the system call costs 0.007 ms.
     ``filelock`` elsewhere (Windows)."""
 
     expires = False

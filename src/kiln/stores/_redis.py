@@ -56,7 +56,7 @@ def _looks_like_key(name: str) -> bool:
 
 class RedisStray(str):
     """A Redis key under the store's prefix that is not an entry, the counters or a lease
-    (``kiln:v4:entry:NOTHEX``): listed and removed by ``kiln verify`` (issue 24)."""
+    (``kiln:v4:entry:NOTHEX``): listed and removed by ``kiln verify``."""
 
     def is_dir(self) -> bool:
         return False
