@@ -1,6 +1,6 @@
 """Benchmark: where kiln's cold path spends time that ``jax.jit``'s does not, measured inside
 fresh processes on the Lotka-Volterra fit (the in-process figures behind
-``benchmarks/cold_tax.py``; issue 11).
+``benchmarks/cold_tax.py``, whose target is <= 1.05x of ``jax.jit``).
 
 Run from the repository root (about 2 minutes; needs the ``examples`` extra):
 

@@ -15,12 +15,12 @@ fingerprint, key, store, serialization and write) holds what kiln adds. kiln's b
 compiled first, as ``pip install`` does (``benchmarks/_installed.py``).
 
 Printed: time to first result per mode (median; ratio of medians and median of per-pair
-ratios, the issue's figure); the cold tax as ``median(other kiln) - median(other jax)``
+ratios, the figure the target is for); the cold tax as ``median(other kiln) - median(other jax)``
 seconds and as a fraction of ``jax.jit``'s median time to first result; the median per-pair
 difference of each phase (kiln traces and lowers with Python's garbage collector relaxed,
 ``kiln/_base/_gc.py``, so its trace phase is shorter than jax.jit's); and the ratio of CPU
 seconds (``time.process_time()``, all threads, at the end of the run), which time stolen by other
-work on the machine does not inflate. Target (issue 11): <= 1.05x. The fitted parameters must
+work on the machine does not inflate. Target: <= 1.05x. The fitted parameters must
 be identical in every run.
 """
 

@@ -11,7 +11,7 @@ untimed run. Each process reports ``kiln.stats().fingerprint_seconds`` (the stat
 each store lookup, building the manifest after a cold trace, re-checking it on a hit: all of
 the fingerprint's work) and the script's own ``time_to_first_result_s``. Figures are medians.
 
-Issue 8's budget: the fingerprint must not add more than 0.1 s to a warm start of the MLP
+Target: the fingerprint must not add more than 0.1 s to a warm start of the MLP
 example; the warm fingerprint seconds are that cost (a warm start does nothing else new).
 """
 

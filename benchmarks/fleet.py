@@ -33,8 +33,8 @@ processes with ``KILN_SIGNING_KEY`` set; each worker has its own empty local dir
    operations), and ``kiln.stats()``. Reported per fleet: totals of ``compiles``, ``traces``,
    jax's backend-compile events, ``hits``, ``lease_waits``, ``remote_hits``, JAX-cache writes,
    trace and CPU seconds (all counters and per-worker figures in the JSON), and the slowest
-   worker's ``fit_s``; ratios slowest-of-8 / lone cold (shared and no store). Target (the
-   issue): total kiln compiles across the shared fleet == the lone worker's compiles, i.e. one
+   worker's ``fit_s``; ratios slowest-of-8 / lone cold (shared and no store). Target:
+   total kiln compiles across the shared fleet == the lone worker's compiles, i.e. one
    compile per key. The fitted parameters must be identical in every worker.
 
 2. Remote hit vs local hit. One cold worker fills the (flushed) Redis db; the fit's entry (the
@@ -649,7 +649,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], bo
             out[f"kiln / {j}"] = {"put": r_put, "get": r_get}
             print(f"kiln / {j}: put {r_put:.3g}x, get {r_get:.3g}x")
         print("(kiln's put writes the entry's file and records its index row with the next "
-              "batch (issue 24); JAX's writes the file. The evicting JAX cache scans the whole "
+              "batch; JAX's writes the file. The evicting JAX cache scans the whole "
               "directory on every put.)")
     if params:
         same = len({json.dumps(p, sort_keys=True) for p in params}) == 1

@@ -1,5 +1,5 @@
 """Benchmark: the published programs UNCHANGED (plain ``jax.jit`` / ``eqx.filter_jit``), whole
-processes, warm, in three modes (issue 34):
+processes, warm, in three modes:
 
 - ``jax cache``: JAX's own persistent cache in a directory (min compile time 0, any entry size);
 - ``kiln run``: ``python -m kiln run SCRIPT``, JAX's cache routed into kiln's store (trace and

@@ -1,4 +1,5 @@
-"""Benchmark: a data-parallel training step in a multi-process job (issue 21).
+"""Benchmark: a data-parallel training step in a multi-process job (targets:
+kiln cold, one compile per job; kiln warm <= 0.3x JAX's cache warm).
 
 Run from the repository root (about 4 minutes):
 
@@ -20,7 +21,7 @@ distributed runtime, data) is the same in every mode and dominates on 2 CPU core
 - ``kiln_cold``: ``kiln.jit`` on an empty store shared by the job (one compile per job);
 - ``kiln_warm``: ``kiln.jit`` again on that store.
 
-Medians of ``--reps`` jobs per mode, modes interleaved. Targets (issue 21): kiln cold, one
+Medians of ``--reps`` jobs per mode, modes interleaved. Targets: kiln cold, one
 compile per job; kiln warm <= 0.3x JAX's cache warm (the first call's seconds).
 """
 

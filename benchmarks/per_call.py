@@ -46,7 +46,7 @@ import numpy as np
 import kiln
 
 TARGET_KILN_VS_JAX = 1.3
-TARGET_STATIC_INT = 1.3  # issue 11: static arguments on the C++ path
+TARGET_STATIC_INT = 1.3  # static arguments on the C++ path: a static int as jax.jit's
 TARGET_STATIC_NUMPY = 2.0  # a static numpy float32[16], re-hashed on every call
 NBYTES = 64 * 2**20  # 64 MiB
 

@@ -1,4 +1,4 @@
-"""Benchmark: real programs, whole processes, kiln warm vs JAX's persistent cache warm (issue 23).
+"""Benchmark: real programs, whole processes, kiln warm vs JAX's persistent cache warm.
 
 Run from the repository root (about 2 minutes per program with ``--reps 5``):
 
@@ -16,7 +16,7 @@ every published example prints one). Beside each program, the import floor: the 
 of ``python -c "import jax, <its libraries>"`` (what no cache can save).
 
 The results each run prints (its last JSON line, timings and kiln's counters left out) must be
-identical in every mode and run; the script says so or fails. Targets (issue 23), every
+identical in every mode and run; the script says so or fails. Targets, every
 program: kiln warm wall <= 1.0x JAX's cache warm, time to first result <= 0.8x. Stores and
 caches live in temporary directories; ``KILN_*`` and JAX cache variables of the calling
 environment are removed, so your own cache is never touched.

@@ -1,4 +1,4 @@
-"""Benchmark: what a sick shared store costs a process (issue 24).
+"""Benchmark: what a sick shared store costs a process (target: at most 1 s, once).
 
 Run from the repository root (about 1 minute):
 

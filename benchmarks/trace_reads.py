@@ -1,4 +1,5 @@
-"""Benchmark: what recording a trace's file reads costs (issue 20), cold and warm.
+"""Benchmark: what recording a trace's file reads costs, cold and warm (target:
+nothing measurable on a trace; a warm check costs a stat per file).
 
 Run from the repository root (about 1 minute):
 

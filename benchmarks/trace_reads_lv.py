@@ -1,4 +1,5 @@
-"""Benchmark: what kiln's read recording costs on the Lotka-Volterra fit's trace (issue 33).
+"""Benchmark: what kiln's read recording costs on the Lotka-Volterra fit's trace (target:
+nothing measurable).
 
 Run from the repository root (about 1 minute; needs the ``examples`` extra):
 

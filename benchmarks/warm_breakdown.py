@@ -1,4 +1,5 @@
-"""Benchmark: where a kiln warm start's time goes, per real program (issue 23, item 5).
+"""Benchmark: where a kiln warm start's time goes, per real program (target: kiln's
+share <= 0.2 s).
 
 Run from the repository root (about 1 minute per program with ``--reps 5``):
 
@@ -18,7 +19,7 @@ seconds:
   ``route load``: JAX's own retrieval of those hits (the route's read, then its decompress and
   deserialize), which JAX's cache in a directory would spend too;
 - ``kiln share``: import kiln + fingerprint + read + route read: what kiln adds to a warm
-  start (target, issue 23: <= 0.2 s). ``load`` (XLA deserializing the executable: the Lotka-
+  start (target: <= 0.2 s). ``load`` (XLA deserializing the executable: the Lotka-
   Volterra fit's 1.6 MB one takes ~0.17 s) is printed apart: any persistent cache pays it,
   JAX's own for the same executable too, and it replaces a trace, a lowering and a compile.
 

@@ -48,7 +48,7 @@ from _installed import compile_bytecode
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "lotka_volterra.py"
 TARGET_KILN_VS_JAX_CACHE = 0.25
-TARGET_COLD_TAX = 1.05  # issue 11: kiln cold / jax.jit cold (ttfr), an empty store
+TARGET_COLD_TAX = 1.05  # kiln cold / jax.jit cold (ttfr), an empty store
 _STRIP_PREFIXES = (
     "KILN_",
     "JAX_COMPILATION_CACHE",
