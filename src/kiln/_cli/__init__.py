@@ -19,6 +19,12 @@ stdout, diagnostics to stderr as ``error: <what>``. Exit status: 0 ok, 1 failure
 The verbs live one command group per module (``_run``, ``_inspect``, ``_maintain``,
 ``_bundles``, ``_demo``); ``_main`` holds the parser and :func:`main`, ``_render`` shows what a
 verb found as text or ``--json``.
+
+Only the verbs that run JAX import it, when they run (``run``; ``export`` and ``import``, which
+read this machine's backend), after :func:`._common.start_jax`; every module here imports only
+what does not import jax, so ``ls``, ``stats``, ``verify``, ``prune``, ``clear``, ``--help``
+and ``--version`` answer without it. That holds from the ``kiln`` script (``kiln_cli``) and
+``python -m kiln``, whose ``import kiln`` leaves jax unimported (``kiln/__init__``).
 """
 
 from ._main import main as main

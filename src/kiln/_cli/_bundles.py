@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._travel import Exported, ImportReport, import_entries, write_bundle
 from ..stores._entry import short_key
-from ._common import open_store
+from ._common import open_store, start_jax
 from ._render import count_entries, human_size, note, show
+
+if TYPE_CHECKING:
+    from .._travel import Exported, ImportReport
 
 __all__ = ["register"]
 
@@ -50,6 +52,9 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
 # -- kiln export ---------------------------------------------------------------------------------
 def _cmd_export(args: argparse.Namespace) -> int:
     open_store()  # a store kiln would refuse is an error here
+    start_jax()
+    from .._travel import write_bundle
+
     done = write_bundle(args.file, args.function)
     for key, why in done.skipped:
         note(f"entry {short_key(key)} not exported: {why}")
@@ -82,6 +87,9 @@ class _Written:
 # -- kiln import ---------------------------------------------------------------------------------
 def _cmd_import(args: argparse.Namespace) -> int:
     open_store()
+    start_jax()
+    from .._travel import import_entries
+
     report = import_entries(args.file)
     show(_Imported(report), as_json=args.json)
     if report.skipped and not args.json:

@@ -10,7 +10,7 @@ from .. import stores
 from .._base import _config
 from ..stores import Checkable, Store
 
-__all__ = ["Failure", "configured", "open_store"]
+__all__ = ["Failure", "configured", "open_store", "start_jax"]
 
 
 class Failure(Exception):
@@ -37,3 +37,14 @@ def open_store() -> Store:
     if isinstance(store, Checkable):
         store.check()
     return store
+
+
+def start_jax() -> None:
+    """Where a verb runs JAX (``run``; ``export`` and ``import``, which read this machine's
+    backend), it starts here: kiln as ``import kiln`` leaves a process (the kiln:// route;
+    ``KILN_REPLACE_JIT=1``: the jax.jit swap), which the command line did not turn on so as to
+    answer the other verbs without importing jax (``kiln_cli``). A no-op where kiln was
+    imported as usual (:func:`kiln._cli.main` called in a program)."""
+    from .._jit import at_import
+
+    at_import()

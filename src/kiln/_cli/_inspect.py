@@ -11,10 +11,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._travel import recorded_parts
 from ..stores import Counting, Store
 from ..stores import _inventory as inventory
-from ..stores._entry import short_key
+from ..stores._entry import recorded_parts, short_key
 from ._common import open_store
 from ._render import ago, columns, human_size, note, show
 

@@ -17,9 +17,7 @@ from typing import Any
 import kiln_early
 
 from .._base import _config, _stats
-from .._jit import _swap
-from .._travel import _jax_cache
-from ._common import Failure, configured
+from ._common import Failure, configured, start_jax
 from ._render import note
 
 __all__ = ["register"]
@@ -76,6 +74,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not os.path.isfile(script):
             raise Failure(f"cannot run {script!r}: no such file", code=2)
         argv_rest = args.script_args
+    start_jax()
+    from .._jit import _swap
+    from .._travel import _jax_cache
+
     settings: dict[str, Any] = {}
     if args.explain:
         settings["explain"] = True

@@ -10,7 +10,6 @@ from ._bundle import ImportedEntry as ImportedEntry
 from ._bundle import ImportReport as ImportReport
 from ._bundle import export_entries as export_entries
 from ._bundle import import_entries as import_entries
-from ._bundle import recorded_parts as recorded_parts
 from ._bundle import write_bundle as write_bundle
 from ._jax_cache import disable_jax_cache as disable_jax_cache
 from ._jax_cache import enable_at_import as enable_at_import
@@ -19,4 +18,4 @@ from ._jax_cache import kiln_compiling as kiln_compiling
 
 __all__ = ["disable_jax_cache", "enable_at_import", "enable_jax_cache", "export_entries",
            "Exported", "import_entries", "ImportedEntry", "ImportReport", "kiln_compiling",
-           "recorded_parts", "write_bundle"]
+           "write_bundle"]

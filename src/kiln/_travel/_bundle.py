@@ -55,12 +55,12 @@ from .._base import BundleError, EntryError, StoreWarning, get_config
 from .._keys import environment_parts
 from ..stores import Store, open_store
 from ..stores._base import read_header
-from ..stores._entry import decode, digest, short_key
+from ..stores._entry import decode, digest, recorded_parts, short_key
 from ..stores._inventory import peek
 
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "Exported", "ImportReport", "ImportedEntry", "decode_bundle",
-    "encode_bundle", "export_entries", "import_entries", "recorded_parts", "write_bundle",
+    "encode_bundle", "export_entries", "import_entries", "write_bundle",
 ]
 
 logger = logging.getLogger("kiln")
@@ -377,21 +377,6 @@ class ImportReport:
     def skipped(self) -> tuple[ImportedEntry, ...]:
         """Entries not loaded, each with its reason."""
         return tuple(e for e in self.entries if e.status == "skipped")
-
-
-def recorded_parts(header: dict[str, Any]) -> dict[str, Any]:
-    """The key parts an entry was built under, by name: its ``key_parts`` (a kiln executable),
-    and the ``kiln``, ``jax``, ``jaxlib`` and ``machine`` its header records itself where the
-    key parts do not name them (a JAX-cache value). An entry written before machine kinds
-    were keyed names no ``machine``."""
-    recorded: dict[str, Any] = {
-        p[0]: p[1] for p in header.get("key_parts") or []
-        if isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str)
-    }
-    for name in ("kiln", "jax", "jaxlib", "machine"):
-        if name not in recorded and isinstance(header.get(name), str):
-            recorded[name] = header[name]
-    return recorded
 
 
 def _unfit(header: dict[str, Any], here: dict[str, str]) -> str | None:

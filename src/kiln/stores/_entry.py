@@ -37,7 +37,7 @@ from typing import Any
 from .._base import EntryError, UnverifiableEntry
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header",
-           "short_key"]
+           "recorded_parts", "short_key"]
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
@@ -151,3 +151,18 @@ def peek_header(blob: bytes) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise EntryError("entry header is not a JSON object")
     return header
+
+
+def recorded_parts(header: dict[str, Any]) -> dict[str, Any]:
+    """The key parts an entry was built under, by name: its ``key_parts`` (a kiln executable),
+    and the ``kiln``, ``jax``, ``jaxlib`` and ``machine`` its header records itself where the
+    key parts do not name them (a JAX-cache value). An entry written before machine kinds
+    names no ``machine``."""
+    recorded: dict[str, Any] = {
+        p[0]: p[1] for p in header.get("key_parts") or []
+        if isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str)
+    }
+    for name in ("kiln", "jax", "jaxlib", "machine"):
+        if name not in recorded and isinstance(header.get(name), str):
+            recorded[name] = header[name]
+    return recorded
