@@ -156,8 +156,8 @@ def peek_header(blob: bytes) -> dict[str, Any]:
 def recorded_parts(header: dict[str, Any]) -> dict[str, Any]:
     """The key parts an entry was built under, by name: its ``key_parts`` (a kiln executable),
     and the ``kiln``, ``jax``, ``jaxlib`` and ``machine`` its header records itself where the
-    key parts do not name them (a JAX-cache value). An entry written before machine kinds
-    names no ``machine``."""
+    key parts do not name them (a JAX-cache value). An entry written before machine kinds were
+    keyed names no ``machine``."""
     recorded: dict[str, Any] = {
         p[0]: p[1] for p in header.get("key_parts") or []
         if isinstance(p, list | tuple) and len(p) == 2 and isinstance(p[0], str)
