@@ -514,6 +514,31 @@ def test_a_function_closing_over_a_tracer_runs_as_a_nested_jit_and_is_never_stor
     assert kiln.stats().compiles == 0 and kiln.stats().stores_written == 0
 
 
+def test_a_leaked_tracer_raises_jax_jit_s_error_and_nothing_is_stored():
+    """A function whose trace reads a tracer leaked from an earlier trace: jax.jit raises
+    UnexpectedTracerError at the call (the trace takes the tracer as an extra input); before,
+    kiln.jit ran its executable without it: 'Computation compiled for 1 inputs but called
+    with 0' (JAX's api_test.py test_escaped_tracer_omnistaging under kiln run --jit)."""
+    leaked = []
+
+    def leak():
+        leaked.append(jnp.add(1, 1))
+
+    def body(_, __):
+        jnp.add(leaked[0], 1)
+        return None, None
+
+    def g():
+        jax.lax.scan(body, None, None, length=2)
+
+    for jit in (jax.jit, kiln.jit):
+        leaked.clear()
+        jax.jit(leak)()
+        with pytest.raises(jax.errors.UnexpectedTracerError, match="was created on line"):
+            jit(g)()
+    assert kiln.stats().stores_written == 0 and kiln.stats().compiles == 0
+
+
 def test_eval_shape_evaluates_abstractly():
     inner = kiln.jit(lambda x: x * 2)
     out = jax.eval_shape(lambda: inner(jax.ShapeDtypeStruct((), jnp.float32)))

@@ -95,6 +95,7 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "flags_left_out_of_jax_key",
     "host_callbacks",
     "is_tracer",
+    "traced_extra_inputs",
     "jit_disabled",
     "load_compiled",
     "local_config",
@@ -1123,6 +1124,16 @@ def at_top_level() -> bool:
 def is_tracer(x: Any) -> bool:
     """True for a JAX tracer (abstract value under a transformation)."""
     return isinstance(x, jax.core.Tracer)
+
+
+def traced_extra_inputs(traced: jax.stages.Traced) -> int:
+    """How many inputs the traced program takes besides its arguments: what it closed over
+    that jax.jit passes as leading arguments, not as constants (a tracer leaked from another
+    trace, a value with quasi-dynamic data such as a hijax ref). ``Traced._consts``, jax 0.7
+    to 0.12 (checked on 0.10.2 and 0.12): jax.jit's call passes them (and raises
+    UnexpectedTracerError for a tracer), the AOT ``Compiled`` of the trace expects them as
+    inputs."""
+    return len(getattr(traced, "_consts", None) or ())
 
 
 def pytree_node_functions(typ: type) -> tuple[Any, ...]:
