@@ -539,6 +539,35 @@ def test_a_leaked_tracer_raises_jax_jit_s_error_and_nothing_is_stored():
     assert kiln.stats().stores_written == 0 and kiln.stats().compiles == 0
 
 
+def _error_of(call):
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the error under test
+        return e
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("options, call", [
+    ({}, lambda f: f(1.0, {"a": 2.0})),
+    ({"static_argnums": 0}, lambda f: f(1.0, {"a": 2.0})),
+    ({}, lambda f: f(1.0, y={"a": 2.0})),
+])
+def test_an_error_while_tracing_names_the_function_and_argument_as_jax_jit(options, call):
+    """jax names the function (file and line) and the argument's path where a traced value
+    meets Python control flow; before, kiln.jit's errors named kiln's wrapper
+    ('_wrappers.py:116') and its flat leaves ('dyn_leaves[1]')."""
+    def f(x, y):
+        if y["a"] > 0:
+            return x
+        return -x
+
+    want = _error_of(lambda: call(jax.jit(f, **options)))
+    got = _error_of(lambda: call(kiln.jit(f, **options)))
+    assert type(got) is type(want) is jax.errors.TracerBoolConversionError
+    assert "argument y['a']" in str(want) and f"{__file__}:" in str(want)
+    assert str(got) == str(want)
+
+
 def test_eval_shape_evaluates_abstractly():
     inner = kiln.jit(lambda x: x * 2)
     out = jax.eval_shape(lambda: inner(jax.ShapeDtypeStruct((), jnp.float32)))

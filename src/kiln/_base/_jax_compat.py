@@ -96,6 +96,7 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "host_callbacks",
     "is_tracer",
     "traced_extra_inputs",
+    "give_debug_info",
     "jit_disabled",
     "load_compiled",
     "local_config",
@@ -1168,6 +1169,37 @@ def raise_floating_point_error(e: Exception, fun: Any, args: Any, kwargs: Any) -
     raise FloatingPointError(
         f"invalid value ({getattr(e, 'ty', 'nan')}) encountered in {getattr(e, 'name', fun)}"
     ) from None
+
+
+def give_debug_info(wrapper: Any, fun: Any, args: Sequence[Any], kwargs: dict[str, Any],
+                    static_argnums: Sequence[int], static_argnames: Sequence[str],
+                    n_leaves: int, keep: Sequence[int] | None = None) -> None:
+    """Make ``jax.jit(wrapper)`` name ``fun`` and its arguments where jax names them (its
+    errors: "while tracing the function f at file:line ... the argument y['a']"; the lowered
+    module; jax_explain_cache_misses), as ``jax.jit(fun)`` called with ``args`` / ``kwargs``
+    would, when ``wrapper`` takes the ``n_leaves`` array leaves of that call (``keep``: the
+    indices, among the leaves of the non-static arguments, of those it takes; all when None).
+
+    ``jax._src.api_util.debug_info(traced_for, fun, args, kwargs, static_argnums=,
+    static_argnames=)`` makes jax.jit's ``DebugInfo``, whose ``arg_names`` has one name per
+    leaf of the non-static arguments, and ``debug_info`` returns a function's
+    ``__fun_debug_info__`` when it has one (what jax's own wrappers set, through
+    ``save_wrapped_fun_debug_info``); both in jax 0.10.2 and 0.12 (checked). Where the names do
+    not fit the wrapper's leaves one to one, or jax cannot name them, nothing is set (jax
+    names the wrapper, as before)."""
+    try:
+        dbg = _api_util.debug_info("jit", fun, args, kwargs, static_argnums=static_argnums,
+                                   static_argnames=static_argnames)
+        names = dbg.arg_names
+        if names is None:
+            return
+        if keep is not None:
+            names = tuple(names[i] for i in keep if i < len(names))
+        if len(names) != n_leaves:
+            return
+        wrapper.__fun_debug_info__ = dbg._replace(arg_names=tuple(names))
+    except Exception as e:  # noqa: BLE001 - jax's own names are a nicety, never a failure
+        logger.debug("kiln: jax's debug info for %r not given: %s", fun, e)
 
 
 class _Slot:
