@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import sys
 import warnings
 
@@ -382,9 +383,12 @@ def test_strict_mode_raises_on_bad_entry(kiln_store):
     path.write_bytes(b"nonsense")
     f.clear_cache()
     kiln.configure(strict=True)
-    with pytest.raises(kiln.StoreError, match=r"unusable.*\(KILN_STRICT=1 makes this an error; "
-                       r"unset it to warn and recompile\)$"):
+    with pytest.raises(kiln.StoreError) as raised:
         f(jnp.ones(2))
+    # (the message itself; the traceback note jax adds to errors raised in a call, as to
+    # jax.jit's, is apart)
+    assert re.search(r"unusable.*\(KILN_STRICT=1 makes this an error; unset it to warn and "
+                     r"recompile\)$", str(raised.value))
 
 
 def test_signing_key_refuses_unsigned_and_foreign_entries(kiln_store):
@@ -566,6 +570,24 @@ def test_an_error_while_tracing_names_the_function_and_argument_as_jax_jit(optio
     assert type(got) is type(want) is jax.errors.TracerBoolConversionError
     assert "argument y['a']" in str(want) and f"{__file__}:" in str(want)
     assert str(got) == str(want)
+
+
+def test_the_traceback_of_an_error_while_tracing_is_jax_jit_s():
+    """jax removes its own frames (and now kiln's) from the traceback of an error raised while
+    tracing: the user sees the frames a jax.jit call shows, not a dozen of kiln's."""
+    import traceback
+
+    def f(x):
+        return jnp.dot(x, jnp.ones(3))
+
+    def frames(jit):
+        e = _error_of(lambda: jit(f)(jnp.ones(2)))
+        assert isinstance(e, TypeError)
+        return [(fr.filename, fr.name) for fr in traceback.extract_tb(e.__traceback__)]
+
+    want, got = frames(jax.jit), frames(kiln.jit)
+    assert got == want
+    assert not [name for name, _ in got if "/kiln/" in name]
 
 
 def test_eval_shape_evaluates_abstractly():

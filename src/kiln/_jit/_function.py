@@ -213,9 +213,10 @@ class JitFunction:
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         return _prepare.prepare(self._options, self._name, args, kwargs)
 
+    @_jax_compat.api_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # with static arguments; without, __init__ makes the C++ dispatcher (as jax.jit's)
-        # __call__: Python only runs on signatures it has not cached
+        # where there is no C++ dispatcher (negative static_argnums); else __init__ makes it
+        # (as jax.jit's) __call__: Python only runs on signatures it has not cached
         return self._python_call(args, kwargs)[0]
 
     def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
