@@ -590,6 +590,18 @@ def test_the_traceback_of_an_error_while_tracing_is_jax_jit_s():
     assert not [name for name, _ in got if "/kiln/" in name]
 
 
+def test_jax_clear_caches_clears_kiln_s_executables_of_this_process(kiln_store):
+    """jax.clear_caches() frees jax.jit's executables; kiln.jit's in-process ones too (the
+    store is untouched: the next call loads its entry, with no trace)."""
+    f, traces = make_counted(lambda x: x * 2)
+    x = jnp.arange(3)
+    assert f(x).tolist() == [0, 2, 4] and f._cache_size() == 1
+    jax.clear_caches()
+    assert f._cache_size() == 0
+    assert f(x).tolist() == [0, 2, 4] and f._cache_size() == 1
+    assert len(traces) == 1 + audit_traces() and kiln.stats().hits == 1
+
+
 def test_eval_shape_evaluates_abstractly():
     inner = kiln.jit(lambda x: x * 2)
     out = jax.eval_shape(lambda: inner(jax.ShapeDtypeStruct((), jnp.float32)))

@@ -61,6 +61,16 @@ def hot_calls() -> int:
 
 _stats.register_hot_counter(hot_calls)
 
+
+def _clear_all() -> None:
+    """``jax.clear_caches()``: every kiln.jit function forgets this process's executables, as
+    jax.jit's do (the store is untouched: a later call loads its entry)."""
+    for f in list(_instances):
+        f.clear_cache()
+
+
+_on_clear_caches = _jax_compat.on_clear_caches(_clear_all)
+
 _shared: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 _shared_lock = threading.Lock()
 
