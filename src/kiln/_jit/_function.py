@@ -112,6 +112,9 @@ class JitFunction:
     # why the last miss took the verify path (None: keyed by its fingerprint), for the jax.jit
     # swap's explanations
     _verify_reason: str | None = None
+    # static arguments with no hash of their own (arrays, lists) are keyed by value (the jax.jit
+    # swap leaves them to jax.jit, which refuses them)
+    _statics_by_value = True
 
     def __init__(
         self,
