@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 import sys
 import warnings
 
@@ -382,9 +383,12 @@ def test_strict_mode_raises_on_bad_entry(kiln_store):
     path.write_bytes(b"nonsense")
     f.clear_cache()
     kiln.configure(strict=True)
-    with pytest.raises(kiln.StoreError, match=r"unusable.*\(KILN_STRICT=1 makes this an error; "
-                       r"unset it to warn and recompile\)$"):
+    with pytest.raises(kiln.StoreError) as raised:
         f(jnp.ones(2))
+    # (the message itself; the traceback note jax adds to errors raised in a call, as to
+    # jax.jit's, is apart)
+    assert re.search(r"unusable.*\(KILN_STRICT=1 makes this an error; unset it to warn and "
+                     r"recompile\)$", str(raised.value))
 
 
 def test_signing_key_refuses_unsigned_and_foreign_entries(kiln_store):
@@ -512,6 +516,90 @@ def test_a_function_closing_over_a_tracer_runs_as_a_nested_jit_and_is_never_stor
     got = jax.jvp(lambda x: kiln.jit(lambda y: y * x)(4.0), (5.0,), (1.0,))
     assert [float(v) for v in got] == [float(v) for v in want] == [20.0, 4.0]
     assert kiln.stats().compiles == 0 and kiln.stats().stores_written == 0
+
+
+def test_a_leaked_tracer_raises_jax_jit_s_error_and_nothing_is_stored():
+    """A function whose trace reads a tracer leaked from an earlier trace: jax.jit raises
+    UnexpectedTracerError at the call (the trace takes the tracer as an extra input); before,
+    kiln.jit ran its executable without it: 'Computation compiled for 1 inputs but called
+    with 0' (JAX's api_test.py test_escaped_tracer_omnistaging under kiln run --jit)."""
+    leaked = []
+
+    def leak():
+        leaked.append(jnp.add(1, 1))
+
+    def body(_, __):
+        jnp.add(leaked[0], 1)
+        return None, None
+
+    def g():
+        jax.lax.scan(body, None, None, length=2)
+
+    for jit in (jax.jit, kiln.jit):
+        leaked.clear()
+        jax.jit(leak)()
+        with pytest.raises(jax.errors.UnexpectedTracerError, match="was created on line"):
+            jit(g)()
+    assert kiln.stats().stores_written == 0 and kiln.stats().compiles == 0
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the error under test
+        return e
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("options, call", [
+    ({}, lambda f: f(1.0, {"a": 2.0})),
+    ({"static_argnums": 0}, lambda f: f(1.0, {"a": 2.0})),
+    ({}, lambda f: f(1.0, y={"a": 2.0})),
+])
+def test_an_error_while_tracing_names_the_function_and_argument_as_jax_jit(options, call):
+    """jax names the function (file and line) and the argument's path where a traced value
+    meets Python control flow; before, kiln.jit's errors named kiln's wrapper
+    ('_wrappers.py:116') and its flat leaves ('dyn_leaves[1]')."""
+    def f(x, y):
+        if y["a"] > 0:
+            return x
+        return -x
+
+    want = _error_of(lambda: call(jax.jit(f, **options)))
+    got = _error_of(lambda: call(kiln.jit(f, **options)))
+    assert type(got) is type(want) is jax.errors.TracerBoolConversionError
+    assert "argument y['a']" in str(want) and f"{__file__}:" in str(want)
+    assert str(got) == str(want)
+
+
+def test_the_traceback_of_an_error_while_tracing_is_jax_jit_s():
+    """jax removes its own frames (and now kiln's) from the traceback of an error raised while
+    tracing: the user sees the frames a jax.jit call shows, not a dozen of kiln's."""
+    import traceback
+
+    def f(x):
+        return jnp.dot(x, jnp.ones(3))
+
+    def frames(jit):
+        e = _error_of(lambda: jit(f)(jnp.ones(2)))
+        assert isinstance(e, TypeError)
+        return [(fr.filename, fr.name) for fr in traceback.extract_tb(e.__traceback__)]
+
+    want, got = frames(jax.jit), frames(kiln.jit)
+    assert got == want
+    assert not [name for name, _ in got if "/kiln/" in name]
+
+
+def test_jax_clear_caches_clears_kiln_s_executables_of_this_process(kiln_store):
+    """jax.clear_caches() frees jax.jit's executables; kiln.jit's in-process ones too (the
+    store is untouched: the next call loads its entry, with no trace)."""
+    f, traces = make_counted(lambda x: x * 2)
+    x = jnp.arange(3)
+    assert f(x).tolist() == [0, 2, 4] and f._cache_size() == 1
+    jax.clear_caches()
+    assert f._cache_size() == 0
+    assert f(x).tolist() == [0, 2, 4] and f._cache_size() == 1
+    assert len(traces) == 1 + audit_traces() and kiln.stats().hits == 1
 
 
 def test_eval_shape_evaluates_abstractly():

@@ -175,6 +175,57 @@ def test_a_call_kiln_jit_refuses_goes_to_jax_jit(swapped):
     assert kiln.stats().reasons["jit-swap-jax"] == 1
 
 
+@pytest.mark.parametrize("options, call", [
+    ({"static_argnums": 1}, lambda g, v: g(jnp.ones(2), v)),
+    ({"static_argnums": -1}, lambda g, v: g(jnp.ones(2), v)),  # (no C++ dispatcher)
+    ({"static_argnames": "s"}, lambda g, v: g(jnp.ones(2), s=v)),
+])
+def test_a_static_argument_jax_jit_cannot_hash_raises_jax_jit_s_error(swapped, options, call):
+    """kiln.jit keys a numpy array (or a list) passed as a static argument by value; a jax.jit
+    the swap made raises jax.jit's error for it, on the first call and after a hashable one,
+    and takes hashable values as before (JAX's api_test.py
+    test_jit_raises_on_first_invocation_on_non_hashable_static_argnum)."""
+    def f(x, s):
+        return x + 1
+
+    want = _error_of(lambda: call(_swap._ORIGINAL(f, **options), np.asarray(1)))
+    assert isinstance(want, ValueError) and "Non-hashable static arguments" in str(want)
+    g = jax.jit(f, **options)
+    assert isinstance(g, kiln.JitFunction)
+    for value in (np.asarray(1), [1]):
+        got = _error_of(lambda v=value: call(g, v))
+        assert type(got) is ValueError and "Non-hashable static arguments" in str(got)
+    assert call(g, 1).tolist() == [2.0, 2.0] and kiln.stats().misses == 1
+    got = _error_of(lambda: call(g, np.asarray(1)))
+    assert type(got) is ValueError and "Non-hashable static arguments" in str(got)
+    assert call(g, 1).tolist() == [2.0, 2.0] and kiln.stats().misses == 1
+
+
+def test_a_function_no_weak_reference_can_be_made_to_is_left_to_jax_jit(swapped):
+    """jax.jit's calls of a callable without __weakref__ raise TypeError; kiln.jit's would run
+    it: the swap leaves it to jax.jit (JAX's api_test.py
+    test_jit_of_nonweakreferenceable_function)."""
+    class CallableWithSlots:
+        __slots__ = ()
+
+        def __call__(self, x):
+            return x + 1
+
+    g = jax.jit(CallableWithSlots())
+    assert not isinstance(g, kiln.JitFunction)
+    with pytest.raises(TypeError, match="cannot create weak reference"):
+        g(3)
+    assert kiln.stats().reasons["jit-swap-jax"] == 1
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the error under test
+        return e
+    raise AssertionError("no error")
+
+
 def test_jax_jit_attributes_are_jax_jit_s(swapped):
     def f(x):
         return x * 2

@@ -60,15 +60,20 @@ _HASHABLE = frozenset({int, float, bool, str, bytes, complex, type(None), type,
 
 def _static_caller(
     dispatch: Any, python_call: Callable[..., Any], nums: list[int], names: frozenset[str],
-    fname: str,
+    fname: str, by_value: bool,
 ) -> Callable[..., Any]:
     """``__call__`` of a function with static arguments: the C++ dispatcher, after giving each
     static value that has no hash (an array by value) a :class:`StaticValue`; anything kiln
-    cannot digest goes to the Python path, which raises the error that names it."""
+    cannot digest goes to the Python path, which raises the error that names it. With
+    ``by_value`` False (the jax.jit swap), a value with no hash goes to the Python path too,
+    which gives it to jax.jit (whose error refuses it)."""
 
     def give_hash(v: Any, name: str) -> Any:
         t = type(v)
         if t in _HASHABLE:
+            return v
+        if not by_value:
+            hash(v)  # (TypeError: the Python path)
             return v
         if t is np.ndarray:  # re-hashed on each call (mutable): the raw digest, no dispatch
             return _static_value(v, ndarray_key(v))
@@ -83,6 +88,8 @@ def _static_caller(
             return StaticValue(v, static_digest(v, argname=name).encode())
 
     name_list = sorted(names)
+    to_python = ((Unpersistable, StaticArgumentError) if by_value
+                 else (Unpersistable, StaticArgumentError, TypeError))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         # in the common case every static value is of a type jax hashes itself: nothing to do
@@ -100,11 +107,13 @@ def _static_caller(
                 for k in name_list:
                     if k in kwargs and type(kwargs[k]) not in _HASHABLE:
                         kwargs[k] = give_hash(kwargs[k], k)
-        except (Unpersistable, StaticArgumentError):
+        except to_python:
             return python_call(unwrapped(args), unwrapped(kwargs))[0]
         return dispatch(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = fname
+    # (not an API boundary itself: its one frame shows in the traceback of an error raised
+    # below, whose frames the dispatcher's miss removes; a boundary here would cost every call)
     return call
 
 
@@ -138,7 +147,8 @@ def install(jf: Any, cls: type, name: str, options: JitOptions) -> Any:
     calls stay in Python (negative static_argnums need the call's length).
 
     The dispatcher keys static arguments as jax.jit's are (hashed and compared by jax), those
-    with no hash of their own (arrays by value) by kiln's digest through :class:`StaticValue`.
+    with no hash of their own (arrays by value) by kiln's digest through :class:`StaticValue`,
+    unless ``jf._statics_by_value`` is False (the jax.jit swap: jax.jit refuses them).
     """
     if not all(i >= 0 for i in options.static_argnums):
         return None
@@ -153,7 +163,7 @@ def install(jf: Any, cls: type, name: str, options: JitOptions) -> Any:
     # __call__ first gives the unhashable ones a hash (_static_caller).
     call = (dispatch if not options.has_statics else _static_caller(
         dispatch, _weakly(jf, "_python_call"), sorted(options.static_argnums),
-        options.static_argnames, name))
+        options.static_argnames, name, jf._statics_by_value))
     jf.__class__ = type(
         cls.__name__, (cls,),
         {"__call__": staticmethod(call), "__slots__": (),

@@ -61,6 +61,16 @@ def hot_calls() -> int:
 
 _stats.register_hot_counter(hot_calls)
 
+
+def _clear_all() -> None:
+    """``jax.clear_caches()``: every kiln.jit function forgets this process's executables, as
+    jax.jit's do (the store is untouched: a later call loads its entry)."""
+    for f in list(_instances):
+        f.clear_cache()
+
+
+_on_clear_caches = _jax_compat.on_clear_caches(_clear_all)
+
 _shared: weakref.WeakKeyDictionary[Any, dict[Any, Any]] = weakref.WeakKeyDictionary()
 _shared_lock = threading.Lock()
 
@@ -102,6 +112,9 @@ class JitFunction:
     # why the last miss took the verify path (None: keyed by its fingerprint), for the jax.jit
     # swap's explanations
     _verify_reason: str | None = None
+    # static arguments with no hash of their own (arrays, lists) are keyed by value (the jax.jit
+    # swap leaves them to jax.jit, which refuses them)
+    _statics_by_value = True
 
     def __init__(
         self,
@@ -213,9 +226,10 @@ class JitFunction:
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
         return _prepare.prepare(self._options, self._name, args, kwargs)
 
+    @_jax_compat.api_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # with static arguments; without, __init__ makes the C++ dispatcher (as jax.jit's)
-        # __call__: Python only runs on signatures it has not cached
+        # where there is no C++ dispatcher (negative static_argnums); else __init__ makes it
+        # (as jax.jit's) __call__: Python only runs on signatures it has not cached
         return self._python_call(args, kwargs)[0]
 
     def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:

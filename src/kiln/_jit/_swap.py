@@ -15,11 +15,15 @@ reason (``KILN_EXPLAIN=1`` says it, ``kiln.stats().reasons`` counts ``jit-swap-j
 - what the user excluded: ``KILN_JIT_EXCLUDE`` / ``replace_jax_jit(exclude=...)`` (a module
   prefix, matched against the caller's module and the function's, or ``module:qualname``),
   and functions marked with :func:`keep_jax_jit`;
-- an option kiln.jit does not take (one a later jax adds), extra positional arguments, or a
+- an option kiln.jit does not take (one a later jax adds), extra positional arguments, a
   function kiln.jit refuses where jax.jit does not (jax's own error is raised where jax
-  raises one);
+  raises one), or one no weak reference can be made to (jax.jit's calls of it raise
+  TypeError, kiln.jit's would run it);
 - at call time, arguments kiln.jit refuses where jax.jit might not (a static argument kiln
-  cannot hash): that function is jax.jit from then on.
+  cannot hash): that function is jax.jit from then on;
+- at call time, a static argument with no hash (a numpy array, a list): the call is jax.jit's,
+  which refuses it ("Non-hashable static arguments are not supported"), where a kiln.jit
+  keys it by value.
 
 A swapped function's ``lower``, ``trace``, ``eval_shape`` and any other attribute of jax.jit's
 functions kiln has not (``_cache_size`` aside) are those of the plain ``jax.jit`` of the
@@ -35,6 +39,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -118,6 +123,9 @@ class SwappedJit(JitFunction):
     ``jax.jit`` of the function (jax's ``Lowered``, ``Traced``, ...)."""
 
     _jax_only: str | None = None  # why calls went back to jax.jit (at call time), or None
+    # static arguments as jax.jit takes them: one with no hash (a numpy array, a list) is
+    # jax.jit's to refuse, not kiln's to key by value (_dispatch.install reads it)
+    _statics_by_value = False
     _said: frozenset[tuple[str, str | None]] = frozenset()  # what its explanations said
 
     def _say_once(self, said: tuple[str, str | None]) -> bool:
@@ -127,7 +135,7 @@ class SwappedJit(JitFunction):
         return True
 
     def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-        if self._jax_only is None:
+        if self._jax_only is None and not _unhashable_static(self._options, args, kwargs):
             try:
                 return super()._python_call(args, kwargs)
             except StaticArgumentError as e:
@@ -190,6 +198,30 @@ class SwappedJit(JitFunction):
         return f"<kiln.jit (for jax.jit) {self._module}.{self._name}>"
 
 
+def _unhashable_static(options: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a static argument of this call has no hash: jax.jit refuses it ("Non-hashable
+    static arguments are not supported"), so the call is jax.jit's (its error is raised)."""
+    if not options.has_statics:
+        return False
+    n = len(args)
+    values = [args[i] for i in options.static_argnums if -n <= i < n]
+    values += [kwargs[k] for k in options.static_argnames if k in kwargs]
+    for v in values:
+        try:
+            hash(v)
+        except TypeError:
+            return True
+    return False
+
+
+def _weakly_referenceable(fun: Any) -> bool:
+    try:
+        weakref.ref(fun)
+    except TypeError:
+        return False
+    return True
+
+
 def _make(fun: Any, options: dict[str, Any], caller: str) -> Any:
     """``jax.jit(fun, **options)`` called from module ``caller``, swapped where it can be."""
     reason = _excluded(fun, caller)
@@ -197,6 +229,10 @@ def _make(fun: Any, options: dict[str, Any], caller: str) -> Any:
         unknown = sorted(set(options) - _KILN_OPTIONS)
         if unknown:
             reason = f"kiln.jit does not take option {', '.join(unknown)}"
+        elif callable(fun) and not _weakly_referenceable(fun):
+            # jax.jit's cache holds its function weakly: its calls of this one raise
+            # TypeError ("cannot create weak reference"), kiln.jit's would run it
+            reason = f"no weak reference can be made to it ({type(fun).__name__})"
     if reason is None:
         try:
             return SwappedJit(fun, **options)

@@ -85,6 +85,7 @@ class JitWrappers:
 
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
+        self._name_as_jax(inner, call, {})
         return self._inner_jit(inner, donate_argnums=donate, donate_argnames=dnames or None)
 
     def flat(self, call: Call) -> tuple[Callable[..., Any], Any, Box]:
@@ -136,12 +137,30 @@ class JitWrappers:
 
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
+        self._name_as_jax(inner, call, static_leaves)
         donate = self._donated(call, static_leaves)
         shardings = self._flat_shardings(treedef, static_leaves)
         got = self._flat[cache_key] = (
             direct, self._inner_jit(inner, donate_argnums=donate, **shardings), box
         )
         return got
+
+    def _name_as_jax(self, wrapper: Callable[..., Any], call: Call,
+                     static_leaves: dict[int, Any]) -> None:
+        """jax names fun and its arguments in what it says about ``wrapper`` (an error while
+        tracing, the lowered module), as for ``jax.jit(fun)`` called as ``call`` was: "the
+        function f at model.py:12", "the argument y['a']", not kiln's wrapper and its leaves."""
+        n_dyn = len(call.dyn_args)
+        total = n_dyn + sum(isinstance(w, int) for w, _ in call.statics)
+        pos = {(w if w >= 0 else total + w): v for w, v in call.statics if isinstance(w, int)}
+        it = iter(call.dyn_args)
+        args = [pos[i] if i in pos else next(it) for i in range(total)]
+        static_names = tuple(w for w, _ in call.statics if isinstance(w, str))
+        kwargs = {**call.dyn_kwargs, **{w: v for w, v in call.statics if isinstance(w, str)}}
+        n_all = call.treedef.num_leaves
+        keep = [i for i in range(n_all) if i not in static_leaves] if static_leaves else None
+        _jax_compat.give_debug_info(wrapper, self._fun, args, kwargs, tuple(pos), static_names,
+                                    n_leaves=n_all - len(static_leaves), keep=keep)
 
     def _flat_shardings(self, treedef: Any, static_leaves: dict[int, Any]) -> dict[str, Any]:
         """``in_shardings`` per array leaf (jax.jit's is a prefix of the dynamic positional

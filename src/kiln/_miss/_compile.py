@@ -107,6 +107,8 @@ class _Miss:
         be recorded, write a verify-only marker there and take the verify path)."""
         program = self.program
         program.trace()
+        if program.extra_inputs:
+            return self._jax_runs_it()
         t0 = time.perf_counter()
         manifest, reason = manifest_for(program.calls, self.keys.fp, program.imported,
                                         program.reads, program.read_reason,
@@ -125,6 +127,8 @@ class _Miss:
     def _verify_path(self, t_start: float) -> Any:
         """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
         self.program.trace()
+        if self.program.extra_inputs:
+            return self._jax_runs_it()
         if self.policy.tier_up and self.policy.candidate:
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self.keys.verify_key(self.program.inlined_facts[0], inlined=True)
@@ -138,6 +142,17 @@ class _Miss:
         if got.outcome is Outcome.HIT:
             return got.executable
         return self._compile_and_store(vkey, None, t_start)
+
+    def _jax_runs_it(self) -> Any:
+        """The flat jax.jit itself, for a trace that closed over values jax.jit passes as
+        inputs (a tracer leaked from another trace, whose call raises jax's
+        UnexpectedTracerError; a hijax ref): kiln's executables take the array leaves only, so
+        jax.jit runs this signature, as it would without kiln (its trace cache holds the trace
+        just made), and nothing is stored."""
+        self.explain("to-jax", f"run by jax.jit ({self.keys.signature}): the trace closed "
+                     f"over {self.program.extra_inputs} value(s) jax.jit passes as inputs (a "
+                     "tracer from another trace, a ref); nothing is stored")
+        return self.program.jitted
 
     # -- single-flight ----------------------------------------------------------------------
     def _await_or_lease(self, key: str) -> tuple[Loaded | None, Lease | None]:

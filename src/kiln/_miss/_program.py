@@ -71,6 +71,8 @@ class Program:
         self.cfg = cfg
         self.modules_before = set(sys.modules)
         self.traced: jax.stages.Traced | None = None
+        # how many values the trace closed over that jax.jit passes as inputs (_Miss._jax_runs_it)
+        self.extra_inputs = 0
         self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.reads: list[list[str]] = []  # files and directories the cold trace read
@@ -103,6 +105,7 @@ class Program:
             self.imported = recorder.imported
             self.primitives = _jax_compat.primitives_in(traced.jaxpr)
             self.reads, self.read_reason = recorder.reads, recorder.read_reason
+            self.extra_inputs = _jax_compat.traced_extra_inputs(traced)
             _stats.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0
         return self.traced
