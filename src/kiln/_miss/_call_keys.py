@@ -80,7 +80,9 @@ class CallKeys:
         if static_text:
             signature += "; static " + ", ".join(static_text)
         t0 = time.perf_counter()
-        fp = fingerprint(fun._fun, extra=extra)
+        # a function whose arrays are a hidden first argument (filter_jit of a Module: its
+        # leaves and structure are keyed as an argument's) counts by its class's code
+        fp = fingerprint(type(fun._fun) if fun._options.traced_fun else fun._fun, extra=extra)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if not fp.sound and unsound is None:
             unsound = fp.reason
