@@ -352,6 +352,12 @@ def test_filter_jit_of_a_module_keys_its_weights_as_arguments() -> None:
     y = kiln.filter_jit(other)(x)[0]
     assert np.asarray(y).tolist() == np.asarray(eqx.filter_jit(other)(x)[0]).tolist()
     assert kiln.stats().traces == 2  # a static field changed: another program
+    # its arrays are traced: a gradient through them, as equinox's
+    grads = [eqx.filter_grad(lambda m, make=make: make(m)(x)[0].sum())(_buffered(0))
+             for make in (kiln.filter_jit, eqx.filter_jit)]
+    ours, theirs = (np.asarray(g.mlp.layers[0].weight) for g in grads)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert np.abs(ours).sum() > 0
 
 
 def test_filter_jit_aot_with_compiler_options_as_equinox() -> None:
