@@ -107,6 +107,8 @@ def test_digest_by_code_writes_functions_and_local_classes_by_name_only() -> Non
     assert by_code(value(lambda x: x, 2.0), argname="s") != d  # values still by value
     assert by_code((len, 1.0), argname="s") == static_digest((len, 1.0), argname="s")
     assert by_code((len, object()), argname="s") is None  # an object: no digest
+    made = type("Made", (), {"__module__": "json", "__qualname__": "factory.<locals>.Made"})
+    assert by_code((made,), argname="s") is None  # a library's class made at run time: none
     assert by_code([[]], argname="s") is not None and by_code({1: {2}}, argname="s")
     assert by_code(([],), argname="s") == static_digest(([],), argname="s")
     with pytest.raises(Unpersistable):  # the mode is only on inside the call

@@ -116,6 +116,7 @@ import numpy as np
 import xxhash
 
 from .._base import StaticArgumentError
+from ._libraries import is_user_class
 
 __all__ = ["Unpersistable", "array_digest", "static_digest", "static_digest_by_code"]
 
@@ -196,7 +197,9 @@ def _write_str(h: _Hasher, s: str) -> None:
 
 def _write_name(h: _Hasher, obj: Any, what: str, argname: str, path: _Path) -> None:
     name = _importable_name(obj)
-    if name is None and _by_code.get():
+    if name is None and _by_code.get() and (not isinstance(obj, type) or is_user_class(obj)):
+        # (a library class made at run time counts by its name and version in the walk, not
+        # by what it holds: it has no digest)
         _write_by_code(h, obj)
         return
     if name is None:
@@ -804,9 +807,10 @@ def _write_by_code(h: _Hasher, obj: Any) -> None:
 
 def static_digest_by_code(value: Any, *, argname: str) -> str | None:
     """:func:`static_digest` of ``value`` with what has no canonical digest only because it is
-    code (a lambda, a local function or class, a callable object hashed by identity) written
-    as ``b"C" str`` (its type and name): the caller must key those by their code (the
-    fingerprint walk of ``value``). None when something else in ``value`` has no digest.
+    code (a lambda, a local function, a class of a user file, a callable object hashed by
+    identity) written as ``b"C" str`` (its type and name): the caller must key those by their
+    code (the fingerprint walk of ``value``). None when something else in ``value`` has no
+    digest (a library class that does not import back by its name among them).
 
     For a static value that holds functions deep inside: equinox's ``filter_jit`` under the
     jax.jit swap passes ``(static leaves, treedef)`` pairs holding the user's function, an
