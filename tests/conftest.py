@@ -26,8 +26,9 @@ import kiln  # noqa: E402
 _VERIFY = os.environ.get("KILN_TEST_VERIFY") == "1"
 
 # JAX's own jit tests through kiln run on their own, cold then warm, by .ci/run (their conftest
-# and pytest.ini say how): not part of this suite
-collect_ignore = ["jax_api"]
+# and pytest.ini say how), and equinox's test_jit.py by tests/equinox_api/run.py (from an
+# equinox source: tests/test_equinox_api.py): not part of this suite
+collect_ignore = ["jax_api", "equinox_api"]
 
 
 def _load_servers() -> types.ModuleType:

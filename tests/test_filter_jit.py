@@ -7,6 +7,7 @@ same process, and compares results, errors and trace counts.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -288,6 +289,75 @@ def test_filter_jit_method_donates_self_s_buffers_as_equinox() -> None:
         out = s.step(jnp.ones(3))
         assert s.w.is_deleted(), make
         assert np.asarray(out.w).tolist() == [2.0] * 3
+
+
+class _Buffered(eqx.Module):
+    """A Module called as the function (``filter_jit(instance)``): arrays, a function leaf and
+    an int, which equinox partitions as it does an argument's."""
+
+    buffer: jax.Array
+    mlp: eqx.nn.MLP
+    scale: int = eqx.field(static=True)
+
+    def __call__(self, x):
+        return self.mlp(x) * self.scale, eqx.tree_at(lambda s: s.buffer, self,
+                                                      self.buffer.at[0].add(1.0))
+
+
+def _buffered(seed: int) -> _Buffered:
+    return _Buffered(jnp.zeros(8), eqx.nn.MLP(3, 3, 4, 1, key=jax.random.key(seed)), 2)
+
+
+def _deleted(tree: Any) -> list[bool]:
+    return [x.is_deleted() for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+
+
+@pytest.mark.parametrize(("donate", "fun_deleted", "x_deleted"), [
+    ("all", True, True), ("all-except-first", True, False), ("none", False, False),
+])
+def test_filter_jit_of_a_module_donates_its_buffers_and_traces_once_as_equinox(
+    donate: str, fun_deleted: bool, x_deleted: bool,
+) -> None:
+    """``filter_jit(instance, donate=...)``: the instance's arrays are traced and donated with
+    the arguments after the first, as equinox does (issue 34); a new instance of the same
+    structure (new weights, the step's output) is the same program: no new trace."""
+    results = {}
+    for make in (kiln.filter_jit, eqx.filter_jit):
+        kiln.reset_stats()
+        m, x = _buffered(0), jnp.ones(3)
+        y, m2 = make(m, donate=donate)(x)
+        assert _deleted(m) == [fun_deleted] * len(_deleted(m)), make
+        assert x.is_deleted() is x_deleted, make
+        assert not any(_deleted(m2))
+        y2, m3 = make(m2, donate=donate)(jnp.ones(3))  # new buffers: one program still
+        assert _deleted(m2) == [fun_deleted] * len(_deleted(m2)), make
+        results[make] = (np.asarray(y).tolist(), np.asarray(y2).tolist(),
+                         np.asarray(m3.buffer).tolist(), kiln.stats().traces)
+    ours, theirs = results[kiln.filter_jit], results[eqx.filter_jit]
+    assert ours[:3] == theirs[:3]
+    assert ours[2][0] == 2.0
+    assert ours[3] == 1 and theirs[3] == 0  # (kiln's counter: equinox's call is jax's)
+    assert kiln.stats().compiles == 0  # (reset before equinox's run)
+
+
+def test_filter_jit_of_a_module_keys_its_weights_as_arguments() -> None:
+    """The Module's arrays are arguments, not constants: other weights give other values from
+    the one program; its static leaves (the int, the activation) are keyed by value."""
+    f0, f1 = kiln.filter_jit(_buffered(0)), kiln.filter_jit(_buffered(1))
+    x = jnp.ones(3)
+    assert np.asarray(f0(x)[0]).tolist() == np.asarray(eqx.filter_jit(_buffered(0))(x)[0]).tolist()
+    assert np.asarray(f1(x)[0]).tolist() == np.asarray(eqx.filter_jit(_buffered(1))(x)[0]).tolist()
+    assert kiln.stats().traces == 1 and kiln.stats().compiles == 1
+    other = dataclasses.replace(_buffered(0), scale=3)
+    y = kiln.filter_jit(other)(x)[0]
+    assert np.asarray(y).tolist() == np.asarray(eqx.filter_jit(other)(x)[0]).tolist()
+    assert kiln.stats().traces == 2  # a static field changed: another program
+    # its arrays are traced: a gradient through them, as equinox's
+    grads = [eqx.filter_grad(lambda m, make=make: make(m)(x)[0].sum())(_buffered(0))
+             for make in (kiln.filter_jit, eqx.filter_jit)]
+    ours, theirs = (np.asarray(g.mlp.layers[0].weight) for g in grads)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+    assert np.abs(ours).sum() > 0
 
 
 def test_filter_jit_aot_with_compiler_options_as_equinox() -> None:

@@ -89,6 +89,32 @@ def test_golden_digests() -> None:
     assert d(http.HTTPStatus.OK) == "ed7b739cd8cd203f9b5d4e051d4c7992"
 
 
+def test_digest_by_code_writes_functions_and_local_classes_by_name_only() -> None:
+    """static_digest_by_code: what has no canonical digest only because it is code is written
+    by its type and name (the caller's walk keys its code); anything else still has none."""
+    class Local:
+        pass
+
+    def value(fn: Any, k: float) -> Any:
+        return ((fn, k), jax.tree_util.tree_structure(Local), Local)
+
+    by_code = _hashing.static_digest_by_code
+    with pytest.raises(Unpersistable):
+        static_digest(value(lambda x: x, 1.0), argname="s")
+    d = by_code(value(lambda x: x, 1.0), argname="s")
+    assert d is not None and len(d) == 32
+    assert by_code(value(lambda y: y + 1, 1.0), argname="s") == d  # (code: the caller's)
+    assert by_code(value(lambda x: x, 2.0), argname="s") != d  # values still by value
+    assert by_code((len, 1.0), argname="s") == static_digest((len, 1.0), argname="s")
+    assert by_code((len, object()), argname="s") is None  # an object: no digest
+    made = type("Made", (), {"__module__": "json", "__qualname__": "factory.<locals>.Made"})
+    assert by_code((made,), argname="s") is None  # a library's class made at run time: none
+    assert by_code([[]], argname="s") is not None and by_code({1: {2}}, argname="s")
+    assert by_code(([],), argname="s") == static_digest(([],), argname="s")
+    with pytest.raises(Unpersistable):  # the mode is only on inside the call
+        static_digest(lambda: 0, argname="s")
+
+
 def test_golden_digests_of_mappings_and_shardings() -> None:
     """Pinned as above (a change bumps ``_entry.FORMAT_VERSION``): mappings other than dict,
     and the sharding objects that need no accelerator (the CPU device is ``cpu:0`` everywhere)."""

@@ -324,6 +324,43 @@ def test_process_local_static_takes_verify_path(caplog):
     assert kiln.stats().reasons["verify-path"] == 1
 
 
+def test_static_holding_functions_is_keyed_by_their_code():
+    """A static tuple holding local functions and a local class (equinox's filter_jit statics
+    under the jax.jit swap) is keyed by value with those by code, not the verify path: another
+    closure or another code at the same place is another program, the same ones (new objects)
+    the stored one."""
+    f, traces = make_counted(lambda x, fs: fs[0](x) + fs[1], static_argnums=1)
+
+    def make(k):
+        return (lambda x: x * k, 1.0)
+
+    assert f(jnp.ones(1), make(2.0)).tolist() == [3.0]
+    assert f(jnp.ones(1), make(3.0)).tolist() == [4.0]  # another closure
+    assert f(jnp.ones(1), (lambda x: x - 1, 1.0)).tolist() == [1.0]  # another code
+    assert f(jnp.ones(1), (lambda x: x - 1, 2.0)).tolist() == [2.0]  # another value
+    assert len(traces) == 4
+    assert kiln.stats().hits == 0
+    assert f(jnp.ones(1), make(2.0)).tolist() == [3.0]  # a new lambda, same code and closure
+    assert len(traces) == 4 and kiln.stats().hits == 1
+    assert kiln.stats().reasons.get("verify-path", 0) == 0
+
+    def local(scale):
+        class Local:  # a local class: by its code and class variables
+            SCALE = scale
+
+        return Local
+
+    g, g_traces = make_counted(lambda x, s: x * s[0].SCALE, static_argnums=1)
+    assert g(jnp.ones(1), (local(4.0),)).tolist() == [4.0]
+    assert g(jnp.ones(1), (local(5.0),)).tolist() == [5.0]
+    assert g(jnp.ones(1), (local(4.0),)).tolist() == [4.0]
+    assert len(g_traces) == 2 and kiln.stats().hits == 2
+    assert kiln.stats().reasons.get("verify-path", 0) == 0
+    h, _ = make_counted(lambda x, s: x, static_argnums=1)
+    assert h(jnp.ones(1), (len, object())).tolist() == [1.0]  # an object: no digest
+    assert kiln.stats().reasons["verify-path"] == 1
+
+
 # --------------------------------------------------------------------------- bad entries
 @pytest.mark.parametrize(
     "damage",

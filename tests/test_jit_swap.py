@@ -541,3 +541,132 @@ def test_pytest_kiln_jit_second_run_traces_nothing(tmp_path):
     assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (0, 3, 3)
     assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (3, 0, 0)
     assert _pytest(tmp_path, KILN_PYTEST_JIT="1") == (3, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# equinox's filter_jit under the swap (issue 34, item 4): its jax.jit is a kiln.jit
+# ---------------------------------------------------------------------------------------------
+EQX_PROG = '''
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import kiln
+
+SCALE = 2.0
+
+
+def apply(model, x):
+    TRACE()
+    return model(x) * SCALE
+
+
+def unusable(x, y):
+    TRACE()
+    return x + jnp.sum(y)  # y's buffer cannot be reused: jax warns that it was not usable
+
+
+def donated(tree):
+    return [a.is_deleted() for a in jax.tree.leaves(tree) if isinstance(a, jax.Array)]
+
+
+def main():
+    # classes defined in a function: a step's output holds the class its input held
+    class Model(eqx.Module):
+        buffer: jax.Array
+        mlp: eqx.nn.MLP  # holds equinox's final activation, a lambda
+
+        @eqx.filter_jit(donate="all")
+        def step(self, x):
+            TRACE()
+            return self.mlp(x), eqx.tree_at(lambda s: s.buffer, self, self.buffer.at[0].add(1))
+
+        def __call__(self, x):
+            TRACE()
+            return self.mlp(x) * SCALE, eqx.tree_at(lambda s: s.buffer, self,
+                                                    self.buffer.at[0].add(1))
+
+    m = Model(jnp.zeros(4), eqx.nn.MLP(3, 3, 4, 1, key=jax.random.key(0)))
+    deleted = {}
+    call("apply", eqx.filter_jit(apply), m.mlp, jnp.ones(3))
+    _, m2 = call("method", m.step, jnp.ones(3))
+    deleted["method"] = donated(m)
+    out = call("instance", eqx.filter_jit(m2, donate="all"), jnp.ones(3))
+    deleted["instance"] = donated(m2)
+    m3 = out[1]
+    # new buffers, one program
+    call("instance_again", eqx.filter_jit(m3, donate="all"), jnp.ones(3))
+    deleted["instance_again"] = donated(m3)
+    m4 = Model(jnp.zeros(4), eqx.nn.MLP(3, 3, 4, 1, key=jax.random.key(1)))
+    call("kiln_instance", kiln.filter_jit(m4, donate="all"), jnp.ones(3))
+    deleted["kiln_instance"] = donated(m4)
+    seen = {}
+    for name, static in (("warn", 1), ("warn_verify", object())):  # object(): no digest
+        def g(x, y, static=static):
+            return unusable(x, y)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call(name, eqx.filter_jit(g, donate="warn"), jnp.array(1.0), jnp.ones(10))
+        seen[name] = sum("donated buffers were not usable" in str(w.message) for w in caught)
+    reasons = kiln.stats().reasons
+    report(deleted=deleted, warnings=seen, swap_verify=reasons.get("jit-swap-verify", 0),
+           swap_kiln=reasons.get("jit-swap-kiln", 0))
+
+
+main()
+'''
+
+
+@pytest.mark.slow
+def test_equinox_filter_jit_under_the_swap_warm_starts_donates_and_never_goes_stale(
+        tmp_path, xp):
+    """``eqx.filter_jit`` under ``kiln run --jit``: its statics (the user's function, an MLP's
+    lambda, a Module class defined in a function) are keyed by value and code, so a warm start
+    traces nothing (before: the verify path, "static argument static (tuple) has no canonical
+    digest"); a step returning a Module of a local class is stored (before: not stored, a
+    KilnWarning); ``filter_jit(instance, donate="all")`` donates the instance's buffers as
+    equinox does; jax's unused-donation warning is given once per process, warm too; an edit
+    of what the trace read misses."""
+    prog = xp.Program(tmp_path)
+    prog.write("prog.py", EQX_PROG)
+    plain = prog.run()  # python prog.py: equinox on jax.jit as JAX defines it
+    cold = prog.run(main=KILN_RUN_JIT, env={"KILN_EXPLAIN": "1"})
+    warm = prog.run(main=KILN_RUN_JIT, env={"KILN_EXPLAIN": "1"})
+    names = list(plain.results)
+    assert names == ["apply", "method", "instance", "instance_again", "kiln_instance", "warn",
+                     "warn_verify"]
+    for run in (cold, warm):
+        for name in names:
+            assert run[name]["leaves"] == plain[name]["leaves"], (name, run[name])
+            assert run[name]["tree"] == plain[name]["tree"], name
+        assert run.extra["deleted"] == plain.extra["deleted"]
+        assert run.extra["warnings"] == plain.extra["warnings"] == {"warn": 1, "warn_verify": 1}
+    deleted = plain.extra["deleted"]
+    assert all(all(v) and v for v in deleted.values()), deleted  # every buffer donated
+
+    fast = ("apply", "method", "instance", "kiln_instance", "warn")
+    for name in fast:
+        xp.assert_cold(cold[name])
+        xp.assert_warm(warm[name])
+    # a new instance of the same structure: equinox's jax.jit and its static argument are the
+    # first one's, so this process's executable runs (no trace, no store read)
+    for run in (cold, warm):
+        rec = run["instance_again"]
+        assert (rec["misses"], rec["py_traces"], rec["compiles"]) == (0, 0, 0), rec
+    xp.assert_warm_verified(warm["warn_verify"])  # object(): no digest, the verify path
+    assert (cold.extra["swap_verify"], warm.extra["swap_verify"]) == (1, 1)
+
+    # never stale: what the traces read, edited
+    prog.edit("prog.py", "SCALE = 2.0", "SCALE = 3.0")
+    edited = prog.run(main=KILN_RUN_JIT)
+    for name in ("apply", "instance", "kiln_instance"):
+        assert edited[name]["misses"] == 1 and edited[name]["py_traces"] == 1, name
+        assert edited[name]["leaves"] != plain[name]["leaves"], name
+    xp.assert_warm(edited["warn"])  # reads no SCALE
+    prog.edit("prog.py", "return self.mlp(x), eqx.tree_at", "return -self.mlp(x), eqx.tree_at")
+    edited = prog.run(main=KILN_RUN_JIT)
+    assert edited["method"]["misses"] == 1 and edited["method"]["py_traces"] == 1
+    assert edited["method"]["leaves"][0] == [-v for v in plain["method"]["leaves"][0]]

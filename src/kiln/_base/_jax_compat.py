@@ -539,20 +539,29 @@ class _Unpickler(pickle.Unpickler):
 
 
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
+_PyTreeDef = type(jax.tree_util.tree_structure(0))
 
 
 def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list[Any]:
     """The objects a call's inputs hold outside their arrays, in a fixed order: each node's
     class and auxiliary data in ``treedef`` (a flax ``TrainState``'s ``apply_fn`` and ``tx``, a
     dict's keys) and the static arguments' values, with the items of tuples, lists and dicts among
-    them. Two calls under one key give equal lists (the key holds them by value)."""
+    them. Two calls under one key give equal lists (the key holds them by value).
+
+    Tree structures among the static values (equinox's ``filter_jit`` under the jax.jit swap
+    passes ``(static leaves, treedef)`` pairs: the class of a Module defined in a function is in
+    that treedef) are walked as ``treedef`` is, after everything else, so that the positions
+    of what comes before stay those of entries written before they were walked."""
     out: list[Any] = []
+    static_trees: list[Any] = []
 
     def add(obj: Any, depth: int) -> None:
         if isinstance(obj, _ATOMS) or depth > 8:
             return
         out.append(obj)
-        if isinstance(obj, tuple | list):
+        if isinstance(obj, _PyTreeDef):
+            static_trees.append(obj)
+        elif isinstance(obj, tuple | list):
             for item in obj:
                 add(item, depth + 1)
         elif isinstance(obj, dict):
@@ -570,6 +579,8 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
     walk(treedef)
     for _, value in statics:
         add(value, 0)
+    for tree in static_trees:
+        walk(tree)
     return out
 
 

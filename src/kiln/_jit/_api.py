@@ -150,9 +150,10 @@ def filter_jit(fun: Callable[..., Any] | None = None, *, donate: str = "none",
     ``f(x, 1)`` are one program. Outputs that are not arrays are returned as they are,
     outside the executable. So an equinox user swaps ``eqx.filter_jit`` for
     ``kiln.filter_jit`` and nothing else changes; what is stored and when is as for
-    :func:`kiln.jit`. One difference: when ``fun`` itself is a Module holding arrays
-    (``filter_jit(model)``), equinox traces those arrays, kiln keys them by value (new
-    weights compile again): pass the Module as an argument instead.
+    :func:`kiln.jit`. When ``fun`` itself is a pytree holding arrays (a Module:
+    ``filter_jit(model)``), it is split as equinox splits it: its arrays are traced (and
+    donated with the arguments after the first), its other leaves static; a new Module of the
+    same structure is the same program.
 
     Args:
         fun: the function to compile (``None``: a decorator).

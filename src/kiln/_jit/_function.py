@@ -256,9 +256,11 @@ class JitFunction:
             _jax_compat.raise_floating_point_error(e, self._fun, unwrapped(args),
                                                    unwrapped(kwargs))
         # only a plain executable over all dynamic leaves of (args, kwargs) can be cached in
-        # C++ (not with filter_jit's static leaves, nor after it moved keyword arguments)
+        # C++ (not with filter_jit's static leaves, nor after it moved keyword arguments, nor
+        # with the function's own arrays before them: traced_fun)
         cacheable = (isinstance(executable, jax.stages.Compiled) and STATIC_LEAF not in call.sigs
-                     and not (kwargs and self._options.filter_jit))
+                     and not (kwargs and self._options.filter_jit)
+                     and not self._options.traced_fun)
         return outs, (executable if cacheable else None)
 
     @contextlib.contextmanager

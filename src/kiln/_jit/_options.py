@@ -29,6 +29,17 @@ def _both_ways(
     return nums, names
 
 
+def _holds_arrays(fun: Any) -> bool:
+    """Whether ``fun`` is a pytree with array leaves (what ``equinox.filter_jit`` traces of
+    its function: a Module's weights, a bound method of a Module, a ``jax.tree_util.Partial``
+    over arrays). A plain function is a leaf of its own, and holds none."""
+    try:
+        leaves = jax.tree_util.tree_leaves(fun)
+    except Exception:  # noqa: BLE001 - a flatten that fails: not a pytree of arrays
+        return False
+    return any(isinstance(x, _args.ARRAY_TYPES) for x in leaves)
+
+
 @dataclasses.dataclass(frozen=True)
 class JitOptions:
     """What a kiln function was made with.
@@ -44,13 +55,19 @@ class JitOptions:
             function (and key parts).
         in_shardings, out_shardings: ``jax.jit``'s (None: not given), applied by kiln per
             array leaf.
-        positional: the names of the function's positional parameters.
+        positional: the names of the function's positional parameters (``"<function>"`` first
+            where the function is a hidden first argument: ``traced_fun``).
         signature: the function's, or None where ``inspect`` cannot tell.
         filter_jit: ``kiln.filter_jit`` (equinox's contract) rather than ``kiln.jit``.
         donate_first, donate_rest: filter_jit donates the first argument's arrays, the others'.
         quiet_donation: filter_jit silences jax's warning about donated buffers it could not
             use (``donate="all"`` / ``"all-except-first"``), as equinox does.
         given: the arguments as given, to make the function again where it is unpickled.
+        traced_fun: ``(fun,)`` when filter_jit traces the function's own arrays, else ``()``:
+            ``fun`` is a pytree holding arrays (an equinox Module passed as the function,
+            ``filter_jit(model)``), which equinox partitions as it does the arguments. Each
+            call then passes it as a first, hidden argument: its arrays are traced (and donated
+            with the rest of the arguments, as equinox does), its other leaves static.
     """
 
     static_argnums: frozenset[int]
@@ -67,6 +84,7 @@ class JitOptions:
     donate_rest: bool
     quiet_donation: bool
     given: dict[str, Any]
+    traced_fun: tuple[Any, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @classmethod
     def make(cls, fun: Callable[..., Any], given: dict[str, Any]) -> JitOptions:
@@ -99,6 +117,9 @@ class JitOptions:
         dnums, dnames = _both_ways(dnums, dnames, g["donate_argnums"] is not None,
                                    g["donate_argnames"] is not None, positional)
         mode = g["_filter"]
+        traced_fun = (fun,) if mode is not None and _holds_arrays(fun) else ()
+        if traced_fun:
+            positional = ["<function>", *positional]  # (its leaves' paths: "<function>.w")
         return cls(
             static_argnums=frozenset(nums),
             static_argnames=frozenset(names),
@@ -115,6 +136,7 @@ class JitOptions:
             donate_rest=mode in ("all", "warn", "all-except-first", "warn-except-first"),
             quiet_donation=mode in ("all", "all-except-first"),
             given=given,
+            traced_fun=traced_fun,
         )
 
     @property

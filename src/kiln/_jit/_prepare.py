@@ -51,6 +51,10 @@ def prepare(options: JitOptions, name: str, args: tuple[Any, ...],
         # equinox binds to the signature: f(x, y=1) and f(x, 1) are one program
         bound = options.signature.bind(*args, **kwargs)
         args, kwargs = bound.args, bound.kwargs
+    if options.traced_fun:
+        # filter_jit of a pytree holding arrays (a Module): a hidden first argument, traced
+        # and keyed as arguments are (equinox partitions its function as it does them)
+        args = options.traced_fun + tuple(args)
     if options.has_statics:
         dyn_args, dyn_kwargs, statics = _split(options, args, kwargs)
         skey = _static_key(options, name, statics) if statics else ()

@@ -40,6 +40,12 @@ def _frozen(v: Any) -> Any:
         return v
 
 
+def _call_first(dyn: Sequence[Any], dkw: dict[str, Any]) -> Any:
+    """``_merge``'s call where the function is the hidden first argument (``traced_fun``:
+    filter_jit of a Module holding arrays), rebuilt from its traced arrays and static leaves."""
+    return dyn[0](*dyn[1:], **dkw)
+
+
 class JitWrappers:
     """The jax.jit functions of ``fun`` (named ``name``) with ``options``, the flat ones kept
     per static configuration."""
@@ -60,6 +66,9 @@ class JitWrappers:
         kw = {w: _frozen(v) for w, v in statics if isinstance(w, str)}
         total = n_dyn + len(pos)
         pos = {(w if w >= 0 else total + w): v for w, v in pos.items()}
+
+        if self._options.traced_fun:
+            return _call_first
 
         def call(dyn: Sequence[Any], dkw: dict[str, Any]) -> Any:
             it = iter(dyn)
@@ -197,9 +206,14 @@ class JitWrappers:
         args_def, kwargs_def = treedef.children()
         donated: list[int] = []
         if options.donate_rest:  # (kiln.filter_jit's donate mode)
+            # every leaf but the first argument's (unless donate_first); the function's own
+            # arrays, a hidden argument before it (traced_fun), go with the rest, as equinox's
             kids = args_def.children()
-            first = 0 if options.donate_first else kids[0].num_leaves if kids else 0
-            donated = list(range(first, treedef.num_leaves))
+            skip = len(options.traced_fun)
+            start = sum(k.num_leaves for k in kids[:skip])
+            end = start if options.donate_first or len(kids) <= skip else (
+                start + kids[skip].num_leaves)
+            donated = [i for i in range(treedef.num_leaves) if not start <= i < end]
         elif not (options.donate_argnums or options.donate_argnames):
             return ()
         dyn_positions = _args.dyn_positions(call.statics, len(call.dyn_args))

@@ -17,6 +17,7 @@ from ._fingerprint import fingerprint as fingerprint
 from ._hashing import Unpersistable as Unpersistable
 from ._hashing import ndarray_key as ndarray_key
 from ._hashing import static_digest as static_digest
+from ._hashing import static_digest_by_code as static_digest_by_code
 from ._key import KeyParts as KeyParts
 from ._key import avals_text as avals_text
 from ._key import environment_parts as environment_parts
@@ -33,5 +34,6 @@ from ._recorder import TraceRecorder as TraceRecorder
 __all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "environment_parts",
            "Fingerprint", "fingerprint", "is_user_object", "KeyParts", "machine", "make_key",
            "manifest_for",
-           "ndarray_key", "option_text", "script_module", "static_digest", "STATIC_LEAF",
+           "ndarray_key", "option_text", "script_module", "static_digest",
+           "static_digest_by_code", "STATIC_LEAF",
            "TraceRecorder", "treedef_parts", "Unpersistable"]

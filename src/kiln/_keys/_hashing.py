@@ -91,11 +91,15 @@ encoding; ``digest`` is the 16 raw bytes of a nested ``xxh3_128``::
     pytree structure     b"t" + per node: b"*" leaf | b"0" None | b"N" name <aux> u64 count
                              + <child node>...
     __kiln_digest__      b"U" name + u64 + bytes
+    keyed by code        b"C" str "type:name" (static_digest_by_code only: a name that does
+                             not import back, a callable hashed by identity; its code is keyed
+                             by the caller's fingerprint walk)
 """
 
 from __future__ import annotations
 
 import collections.abc
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -112,8 +116,9 @@ import numpy as np
 import xxhash
 
 from .._base import StaticArgumentError
+from ._libraries import is_user_class
 
-__all__ = ["Unpersistable", "array_digest", "static_digest"]
+__all__ = ["Unpersistable", "array_digest", "static_digest", "static_digest_by_code"]
 
 
 class Unpersistable(Exception):
@@ -192,6 +197,11 @@ def _write_str(h: _Hasher, s: str) -> None:
 
 def _write_name(h: _Hasher, obj: Any, what: str, argname: str, path: _Path) -> None:
     name = _importable_name(obj)
+    if name is None and _by_code.get() and (not isinstance(obj, type) or is_user_class(obj)):
+        # (a library class made at run time counts by its name and version in the walk, not
+        # by what it holds: it has no digest)
+        _write_by_code(h, obj)
+        return
     if name is None:
         raise Unpersistable(
             f"{_where(argname, path)}: {what} {_describe(obj)} cannot be imported back by its "
@@ -732,6 +742,9 @@ def _encode_other(h: _Hasher, v: Any, argname: str, path: _Path) -> None:
         h.update(b"G")
         _write_name(h, v, "function", argname, path)
         return
+    if tp.__hash__ is not None and callable(v) and _by_code.get():
+        _write_by_code(h, v)
+        return
     if tp.__hash__ is not None:
         raise Unpersistable(
             f"{_where(argname, path)} of type {_type_name(tp)} is hashed by identity and has no "
@@ -780,6 +793,35 @@ def _encode_pytree(h: _Hasher, v: Any, argname: str, path: _Path) -> bool:
             child_path = (child_path, _JAXKEY, k)
         _encode(h, child, argname, child_path)
     return True
+
+
+# static_digest_by_code is running (in this context): what has no name that imports back is
+# written by its description, the caller keys it by code
+_by_code: contextvars.ContextVar[bool] = contextvars.ContextVar("kiln_by_code", default=False)
+
+
+def _write_by_code(h: _Hasher, obj: Any) -> None:
+    h.update(b"C")
+    _write_str(h, f"{_type_name(type(obj))}:{_describe(obj)}")
+
+
+def static_digest_by_code(value: Any, *, argname: str) -> str | None:
+    """:func:`static_digest` of ``value`` with what has no canonical digest only because it is
+    code (a lambda, a local function, a class of a user file, a callable object hashed by
+    identity) written as ``b"C" str`` (its type and name): the caller must key those by their
+    code (the fingerprint walk of ``value``). None when something else in ``value`` has no
+    digest (a library class that does not import back by its name among them).
+
+    For a static value that holds functions deep inside: equinox's ``filter_jit`` under the
+    jax.jit swap passes ``(static leaves, treedef)`` pairs holding the user's function, an
+    ``eqx.nn.MLP``'s ``lambda x: x`` and a Module class defined in a function."""
+    token = _by_code.set(True)
+    try:
+        return static_digest(value, argname=argname)
+    except Exception:  # noqa: BLE001 - no digest (or a __kiln_digest__ failing): the verify path
+        return None
+    finally:
+        _by_code.reset(token)
 
 
 def static_digest(value: Any, *, argname: str) -> str:

@@ -58,6 +58,9 @@ class Options(Protocol):
     @property
     def filter_jit(self) -> bool: ...  # equinox's contract (kiln.filter_jit)
 
+    @property
+    def traced_fun(self) -> tuple[Any, ...]: ...  # (fun,): a hidden first argument, or ()
+
 
 class KilnFunction(Protocol):
     """What the miss path reads of the function it compiles

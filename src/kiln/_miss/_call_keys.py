@@ -12,7 +12,15 @@ import jax
 import numpy as np
 
 from .._base import _stats
-from .._keys import Fingerprint, KeyParts, _args, avals_text, fingerprint, treedef_parts
+from .._keys import (
+    Fingerprint,
+    KeyParts,
+    _args,
+    avals_text,
+    fingerprint,
+    static_digest_by_code,
+    treedef_parts,
+)
 from ._call import Call, KilnFunction
 
 __all__ = ["CallKeys"]
@@ -60,15 +68,19 @@ class CallKeys:
                 i = keyname[1]
                 name = f"leaf {leaf_paths[i] if i < len(leaf_paths) else i}"
             if isinstance(digest, tuple):
-                # callables are fingerprinted by code in the walk below; others are unsound
-                if not callable(value):
+                # callables are fingerprinted by code in the walk below; a value holding them
+                # (a tuple of functions and tree structures: equinox's filter_jit statics under
+                # the jax.jit swap) by its digest with those keyed by code; others are unsound
+                by_code = None if callable(value) else static_digest_by_code(value,
+                                                                             argname=name)
+                if not callable(value) and by_code is None:
                     unsound = (
                         f"static argument {name} ({type(value).__name__}) has no canonical "
                         "digest, so kiln cannot tell whether a stored executable was built for "
                         "it; give its class a __kiln_digest__ method or make it a frozen "
                         "dataclass of plain values"
                     )
-                digest = "see-fingerprint"
+                digest = by_code or "see-fingerprint"
             if not isinstance(value, _DIGEST_IS_ALL):
                 # a static value is walked with the function's code, each one: a function's
                 # code and closure, a dataclass's methods and class variables count too
@@ -80,7 +92,9 @@ class CallKeys:
         if static_text:
             signature += "; static " + ", ".join(static_text)
         t0 = time.perf_counter()
-        fp = fingerprint(fun._fun, extra=extra)
+        # a function whose arrays are a hidden first argument (filter_jit of a Module: its
+        # leaves and structure are keyed as an argument's) counts by its class's code
+        fp = fingerprint(type(fun._fun) if fun._options.traced_fun else fun._fun, extra=extra)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if not fp.sound and unsound is None:
             unsound = fp.reason

@@ -132,10 +132,12 @@ class EntryReader:
         if compiled is None:
             return _UNUSABLE
         load_s = time.perf_counter() - t0
-        for message in header.get("warnings", ()):
-            # JAX warns while lowering ("Some donated buffers were not usable"), which a
-            # load skips: the same warning, as jax.jit gives it once per process and signature
-            warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
+        if self.program.lowered is None and self.program.inlined_lowered is None:
+            for message in header.get("warnings", ()):
+                # JAX warns while lowering ("Some donated buffers were not usable"), which a
+                # load skips: the same warning, as jax.jit gives it once per process and
+                # signature (a load that lowered in this process, the verify path, gave it)
+                warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
         _stats.bump(hits=1, load_seconds=load_s,
                     saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.fun._name, short_key(key),

@@ -1,0 +1,195 @@
+"""equinox's own ``tests/test_jit.py`` run under the jax.jit swap, cold and warm (issue 34).
+
+equinox's tests are not in this repository (nor in its wheel): this script takes them from an
+equinox source, at the tag of the installed equinox, into a folder of their own, and runs
+``tests/test_jit.py`` three times:
+
+1. **plain**: ``python -m pytest tests/test_jit.py`` (equinox on JAX's own ``jax.jit``);
+2. **cold**: ``python -m kiln run --jit -m pytest tests/test_jit.py`` on an empty store
+   (``KILN_CACHE_DIR``): every ``jax.jit`` outside JAX itself, the one inside equinox's
+   ``filter_jit`` included, is a ``kiln.jit``;
+3. **warm**: the same command again, on the store the cold run filled.
+
+Usage (no network: ``SRC`` is an equinox git directory, a checkout, or a folder holding its
+``tests/``)::
+
+    PYTHONPATH=src python tests/equinox_api/run.py --equinox SRC [--out DIR] [--json PATH]
+                                                   [--without-trace-counts]
+
+``KILN_EQUINOX_SRC`` gives ``SRC`` too. The files taken are ``tests/__init__.py``,
+``tests/conftest.py``, ``tests/helpers.py`` and ``tests/test_jit.py`` at tag
+``v<equinox.__version__>``, unchanged; the folder's ``pytest.ini`` is equinox's pytest
+settings (``filterwarnings``) without its ``--jaxtyping-packages=equinox,beartype...`` option
+(a runtime type checker over equinox's own code; beartype is not installed here, and it
+checks annotations, not jit). ``EQX_GETKEY_SEED=0`` fixes the ``getkey`` fixture's seed
+(equinox draws it at random otherwise), so each run builds the same programs.
+
+A failure of the cold or warm run that ``differences.txt`` (next to this file) does not list
+for that run makes the exit status 1; docs/drop-in.md says why each listed one fails.
+``--without-trace-counts`` then runs cold and warm once more (on a store of their own) with
+equinox's ``assert num_traces == N`` lines removed (in the copy), to show that what those tests
+compute is right when a warm start skips the traces they count; no failure may remain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FILES = ("tests/__init__.py", "tests/conftest.py", "tests/helpers.py", "tests/test_jit.py")
+# equinox's [tool.pytest.ini_options], less --jaxtyping-packages (see the module docstring)
+PYTEST_INI = """\
+[pytest]
+filterwarnings =
+    error
+    ignore:Setting `jax_pmap_shmap_merge` is deprecated:DeprecationWarning
+"""
+PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "-p",
+          "no:xdist", "-p", "no:randomly", "tests/test_jit.py")
+RUNS = ("plain", "cold", "warm")
+
+
+def _git(src: Path) -> list[str] | None:
+    """``git`` arguments reaching the repository at ``src`` (a git directory or a checkout)."""
+    if (src / "HEAD").is_file() and (src / "objects").is_dir():
+        return ["git", f"--git-dir={src}"]
+    if (src / ".git").exists():
+        return ["git", "-C", str(src)]
+    return None
+
+
+def fetch(src: Path, tag: str, out: Path) -> str:
+    """Write equinox's test files at ``tag`` from ``src`` into ``out``; what they came from."""
+    git = _git(src)
+    for name in FILES:
+        dest = out / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if git is None:
+            shutil.copyfile(src / name, dest)
+        else:
+            dest.write_bytes(subprocess.run([*git, "show", f"{tag}:{name}"], check=True,
+                                            capture_output=True).stdout)
+    (out / "pytest.ini").write_text(PYTEST_INI)
+    if git is None:
+        return f"{src} (a folder: its files as they are)"
+    commit = subprocess.run([*git, "rev-parse", f"{tag}^{{commit}}"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    return f"{tag} (commit {commit})"
+
+
+def _env(store: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("KILN_", "JAX_", "XLA_", "PYTEST_", "EQX_"))}
+    import kiln  # the kiln under test (a checkout's src/ when PYTHONPATH names it)
+
+    src = str(Path(kiln.__file__).resolve().parents[1])
+    if not src.endswith(("site-packages", "dist-packages")):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", EQX_GETKEY_SEED="0",
+               PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def run(kind: str, folder: Path, store: Path) -> dict[str, Any]:
+    """One run of ``tests/test_jit.py`` in ``folder`` (``kind``: plain, cold or warm): its
+    outcome per test."""
+    xml = folder / f"{kind}-{store.name}.xml"
+    head = ("-m", "kiln", "run", "--jit") if kind != "plain" else ()
+    proc = subprocess.run([sys.executable, *head, *PYTEST, f"--junitxml={xml}"], cwd=folder,
+                          env=_env(store), capture_output=True, text=True, timeout=1800)
+    if not xml.exists():
+        raise RuntimeError(f"{kind} run did not finish:\n{proc.stdout[-4000:]}"
+                           f"\n{proc.stderr[-4000:]}")
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        failed = case.find("failure") is not None or case.find("error") is not None
+        skipped = case.find("skipped") is not None
+        outcomes[case.get("name", "?")] = "failed" if failed else (
+            "skipped" if skipped else "passed")
+    summary = [ln for ln in proc.stderr.splitlines() if ln.startswith("kiln: hits:")]
+    return {"outcomes": outcomes, "kiln": summary[-1] if summary else None}
+
+
+def documented() -> dict[str, set[str]]:
+    """``differences.txt``: test id -> the runs it fails in by design."""
+    out: dict[str, set[str]] = {}
+    for line in (HERE / "differences.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, runs, _ = line.split(maxsplit=2)
+            out[name] = set(runs.split(","))
+    return out
+
+
+def without_trace_counts(folder: Path) -> None:
+    """Remove equinox's ``assert num_traces == N`` lines from the copy in ``folder``."""
+    path = folder / "tests" / "test_jit.py"
+    text = re.sub(r"^(\s*)assert num_traces == \d+\s*$", r"\1pass", path.read_text(),
+                  flags=re.M)
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--equinox", type=Path, default=os.environ.get("KILN_EQUINOX_SRC"),
+                        help="equinox's git directory, a checkout, or a folder with tests/")
+    parser.add_argument("--out", type=Path, help="the folder for the tests and the store "
+                        "(default: a temporary one, removed after)")
+    parser.add_argument("--json", type=Path, help="write the outcomes here")
+    parser.add_argument("--without-trace-counts", action="store_true",
+                        help="also run warm with `assert num_traces == N` removed")
+    args = parser.parse_args(argv)
+    if args.equinox is None:
+        parser.error("give --equinox SRC (or KILN_EQUINOX_SRC)")
+    import equinox
+
+    tag = f"v{equinox.__version__}"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.out or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        origin = fetch(args.equinox, tag, folder)
+        store = folder / "store"
+        shutil.rmtree(store, ignore_errors=True)
+        print(f"equinox tests/test_jit.py at {origin}; equinox {equinox.__version__}")
+        results = {kind: run(kind, folder, store) for kind in RUNS}
+        if args.without_trace_counts:
+            # edited test functions are other programs: a store of their own, cold then warm
+            # (no failure is documented for these runs)
+            without_trace_counts(folder)
+            store = folder / "store-no-trace-counts"
+            shutil.rmtree(store, ignore_errors=True)
+            for kind in ("cold", "warm"):
+                results[f"{kind}-no-trace-counts"] = run(kind, folder, store)
+        listed = documented()
+        bad = []
+        for kind, result in results.items():
+            outcomes = result["outcomes"]
+            failed = sorted(n for n, o in outcomes.items() if o == "failed")
+            passed = sum(o == "passed" for o in outcomes.values())
+            print(f"equinox test_jit ({kind}): {passed} passed, {len(failed)} failed"
+                  + (f"; {result['kiln']}" if result["kiln"] else ""))
+            for name in failed:
+                runs = listed.get(name, set())
+                why = "documented" if kind in runs else "NOT DOCUMENTED"
+                print(f"  FAILED {name} ({why})")
+                if why != "documented":
+                    bad.append((kind, name))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1, sort_keys=True))
+    if bad:
+        print(f"{len(bad)} failures not in {HERE / 'differences.txt'}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
