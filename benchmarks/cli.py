@@ -1,4 +1,4 @@
-"""Benchmark: how fast the ``kiln`` command line answers, whole processes (issue 35).
+"""Benchmark: how fast the ``kiln`` command line answers, whole processes.
 
 Run from the repository root (about 1.5 minutes, most of it filling the store):
 
@@ -18,7 +18,7 @@ accounting of the finished child):
   own entry point);
 - ``python -m kiln ls``;
 - anchors: ``python -c pass`` (the interpreter's floor), and ``kiln --version`` and ``kiln ls``
-  through the entry point before issue 35 (``kiln = "kiln._cli:main"``), whose import runs
+  through the entry point before it was split (``kiln = "kiln._cli:main"``), whose import runs
   ``kiln/__init__`` whole and so imports jax: what every verb paid then.
 
 Each command also runs once under ``python -X importtime``, which says whether it imported jax.
@@ -48,7 +48,7 @@ from _installed import compile_bytecode
 _SCRIPT = ("import re, sys; from {} import main; "
            "sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0]); sys.exit(main())")
 KILN_SCRIPT = ["-c", _SCRIPT.format("kiln_cli")]
-# the entry point before issue 35 (kiln = "kiln._cli:main"): its import runs kiln/__init__ whole
+# the entry point before it was split (kiln = "kiln._cli:main"): its import runs kiln/__init__ whole
 OLD_SCRIPT = ["-c", _SCRIPT.format("kiln._cli")]
 COMMANDS: dict[str, list[str]] = {
     "kiln --version": [*KILN_SCRIPT, "--version"],

@@ -1,5 +1,5 @@
 """Benchmark: unchanged ``eqx.filter_jit`` programs under ``kiln run --jit``, warm, with two
-kiln source trees (issue 34: equinox's ``filter_jit`` took the verify path, "static argument
+kiln source trees (equinox's ``filter_jit`` took the verify path, "static argument
 static (tuple) has no canonical digest", before its statics were keyed by value and code).
 
 Run from the repository root, ``BEFORE`` and ``AFTER`` being folders holding a ``kiln`` package

@@ -1,23 +1,44 @@
 """Benchmark: real programs, whole processes, kiln warm vs JAX's persistent cache warm.
 
-Run from the repository root (about 2 minutes per program with ``--reps 5``):
+Run from the repository root (about 2 minutes per program and mode with ``--reps 5``):
 
     python benchmarks/real_programs.py [--reps 5] [--programs lotka_volterra,flax_cnn,...]
-                                       [--json PATH]
+                                       [--modes kiln,jax,run,run-jit] [--json PATH]
 
-Each program is run as a fresh process in four modes: ``kiln cold`` (an empty store, once) and
-``kiln warm`` (that store), ``jax cold`` (``jax.jit`` / ``eqx.filter_jit`` with JAX's persistent
-cache in an empty directory, once: minimum compile time 0, any entry size, as JAX's docs
-suggest for this comparison) and ``jax cache warm`` (that directory). Warm runs come in
-interleaved pairs (the order alternates), ``--reps`` pairs per program. Two figures per run, in
-seconds: ``wall``, the whole process (interpreter start and exit included), and ``ttfr``, the
-program's own ``time_to_first_result_s`` (from before ``import jax`` to its first result; not
-every published example prints one). Beside each program, the import floor: the median wall
-of ``python -c "import jax, <its libraries>"`` (what no cache can save).
+Each program is run as a fresh process in up to four modes (``--modes``; by default every mode
+that applies to the program), each once cold (its own empty store or cache), then warm:
+
+- ``kiln`` (``kiln cold`` / ``kiln warm``): the program's own kiln variant (``--jit kiln``,
+  ``EXAMPLE_JIT=kiln``: ``kiln.jit`` in its code); the programs of ``examples/libraries/``,
+  whose jits live in the libraries, have none;
+- ``jax`` (``jax cold`` / ``jax cache warm``): plain ``jax.jit`` / ``eqx.filter_jit`` with JAX's
+  persistent cache in a directory (minimum compile time 0, any entry size, as JAX's docs
+  suggest for this comparison);
+- ``run`` (``kiln run cold`` / ``kiln run warm``): the plain program under ``python -m kiln
+  run``: JAX's cache routed into kiln's store (the route today: trace and lower every run,
+  skip the compile);
+- ``run-jit`` (``kiln run --jit cold`` / ``kiln run --jit warm``): the plain program under
+  ``python -m kiln run --jit``: every ``jax.jit`` outside JAX itself a ``kiln.jit``.
+
+Warm runs come in ``--reps`` rounds of every mode, interleaved (the order rotates each round).
+Figures per run, in seconds: ``wall``, the whole process (interpreter start and exit
+included); ``ttfr``, the program's own ``time_to_first_result_s`` (from the top of the script,
+before its ``import jax``, to its first result; not every published example prints one);
+``itfr``, its ``imports_to_first_result_s`` (from the end of its imports; the programs of
+``examples/libraries/`` print it); and JAX's own trace and lowering seconds
+(``_jax_events.py``: a listener on JAX's monitoring events, installed in every run without
+changing the program), ``jit`` (the program's and its libraries' jits, kiln's traces of them)
+apart from ``eager`` (operations outside any jit, and functions JAX jits itself called
+outside any jit). The listener imports jax before the program starts (and ``kiln run``
+imports jax and kiln before it), so ``ttfr`` leaves out the import of jax in every mode;
+``wall`` is the figure that holds everything. Beside each program, the import floor: the
+median wall of ``python -c "import jax, <its libraries>"`` (what no cache can save).
 
 The results each run prints (its last JSON line, timings and kiln's counters left out) must be
 identical in every mode and run; the script says so or fails. Targets, every
-program: kiln warm wall <= 1.0x JAX's cache warm, time to first result <= 0.8x. Stores and
+program: kiln warm wall <= 1.0x JAX's cache warm, time to first result <= 0.8x; the mode
+(``kiln run --jit``) warm wall <= 1.0x JAX's cache warm, its jits' trace + lowering seconds
+<= 25% of JAX's cache warm, and where tracing dominates, wall <= 0.55x. Stores and
 caches live in temporary directories; ``KILN_*`` and JAX cache variables of the calling
 environment are removed, so your own cache is never touched.
 """
@@ -40,15 +61,19 @@ from _installed import compile_bytecode
 
 REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples"
+LIB = EX / "libraries"
+EVENTS = Path(__file__).resolve().parent / "_jax_events.py"
 _STRIP = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_COMPILATION",
           "EXAMPLE_JIT")
 # volatile fields of a program's result line: timings and kiln's counters
 _VOLATILE = {"time_to_first_result_s", "first_step_s", "hits", "misses", "traces", "compiles",
-             "kiln", "seconds", "elapsed_s", "wall_s", "steady_s", "jit", "mode"}
+             "kiln", "seconds", "elapsed_s", "wall_s", "steady_s", "jit", "mode",
+             "imports_to_first_result_s"}
 
-# name: (script, kiln argv / env, plain argv / env, libraries its import floor imports)
-PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]], tuple[list[str], dict[str, str]],
-                          str]] = {
+# name: (script, kiln argv / env (None: no kiln variant), plain argv / env, libraries its
+# import floor imports)
+PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]] | None,
+                          tuple[list[str], dict[str, str]], str]] = {
     "lotka_volterra": (EX / "lotka_volterra.py", (["--jit", "kiln"], {}), (["--jit", "jax"], {}),
                        "jax, diffrax, optimistix, equinox"),
     "mlp_digits": (EX / "mlp_digits.py", (["--jit", "kiln"], {}), (["--jit", "jax"], {}),
@@ -64,7 +89,20 @@ PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]], tuple[list[str
     **{f"public_{p}": (EX / "public" / f"{p}.py", ([], {"EXAMPLE_JIT": "kiln"}),
                        ([], {"EXAMPLE_JIT": "eqx"}), "jax, equinox, optax")
        for p in ("cnn", "neural_ode", "stateful", "train_rnn")},
+    # unchanged programs whose jits live in libraries (kiln reaches them through kiln run --jit)
+    "numpyro_logreg": (LIB / "numpyro_logreg.py", None, ([], {}),
+                       "jax, numpyro, numpyro.infer, sklearn.datasets"),
+    "blackjax_nuts": (LIB / "blackjax_nuts.py", None, ([], {}), "jax, blackjax, sklearn.datasets"),
+    "haiku_digits": (LIB / "haiku_digits.py", None, ([], {}),
+                     "jax, haiku, optax, sklearn.datasets"),
+    "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", None, ([], {}), "jax, jax_md"),
+    "mjx_humanoid": (LIB / "mjx_humanoid.py", None, ([], {}), "jax, mujoco, mujoco.mjx"),
 }
+
+# mode: (its cold run's name, its warm runs' name)
+MODES = {"kiln": ("kiln cold", "kiln warm"), "jax": ("jax cold", "jax cache warm"),
+         "run": ("kiln run cold", "kiln run warm"),
+         "run-jit": ("kiln run --jit cold", "kiln run --jit warm")}
 
 
 def _base_env() -> dict[str, str]:
@@ -73,17 +111,28 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+def _run(argv: list[str], env: dict[str, str], cwd: Path,
+         events: Path | None = None) -> dict[str, Any]:
+    """One fresh process of ``python ARGV``; with ``events``, under the listener on JAX's trace
+    and lowering events (``_jax_events.py``), whose counts come back as ``events``."""
+    cmd = [sys.executable, *argv] if events is None else [
+        sys.executable, str(EVENTS), str(events), *argv]
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-4000:]}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
-    ttfr = result.get("time_to_first_result_s") if isinstance(result, dict) else None
-    return {"wall": wall, "ttfr": ttfr, "result": _stable(result)}
+    got = result if isinstance(result, dict) else {}
+    out = {"wall": wall, "ttfr": got.get("time_to_first_result_s"),
+           "itfr": got.get("imports_to_first_result_s"), "result": _stable(result)}
+    if events is not None:
+        out["events"] = json.loads(events.read_text())
+    summary = [ln for ln in proc.stderr.splitlines() if ln.startswith("kiln: hits:")]
+    if summary:
+        out["kiln_summary"] = summary[-1]
+    return out
 
 
 def _stable(result: Any) -> Any:
@@ -102,49 +151,90 @@ def _floor(libs: str, env: dict[str, str], cwd: Path) -> float:
     return statistics.median(times)
 
 
-def measure(name: str, reps: int, tmp: Path) -> dict[str, Any]:
-    script, (kiln_argv, kiln_env), (jax_argv, jax_env), libs = PROGRAMS[name]
+def _median(values: list[Any]) -> float | None:
+    return statistics.median(values) if values and all(v is not None for v in values) else None
+
+
+def measure(name: str, reps: int, tmp: Path,
+            modes: tuple[str, ...] = tuple(MODES)) -> dict[str, Any]:
+    script, kiln_variant, (jax_argv, jax_env), libs = PROGRAMS[name]
+    modes = tuple(m for m in modes if m != "kiln" or kiln_variant is not None)
     base = _base_env()
-    store, cache = tmp / f"{name}-store", tmp / f"{name}-jax-cache"
+    plain = base | jax_env
     envs = {
-        "kiln": base | kiln_env | {"KILN_CACHE_DIR": str(store), "KILN_PROGRESS": "0"},
-        "jax": base | jax_env | {"JAX_COMPILATION_CACHE_DIR": str(cache),
-                                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-                                 "KILN_JAX_CACHE": "0"},
+        "jax": plain | {"JAX_COMPILATION_CACHE_DIR": str(tmp / f"{name}-jax-cache"),
+                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+                        "KILN_JAX_CACHE": "0"},
+        "run": plain | {"KILN_CACHE_DIR": str(tmp / f"{name}-route"), "KILN_PROGRESS": "0"},
+        "run-jit": plain | {"KILN_CACHE_DIR": str(tmp / f"{name}-swap"), "KILN_PROGRESS": "0"},
     }
-    argvs = {"kiln": [str(script), *kiln_argv], "jax": [str(script), *jax_argv]}
-    runs: dict[str, list[dict[str, Any]]] = {"kiln cold": [], "jax cold": [], "kiln warm": [],
-                                             "jax cache warm": []}
-    runs["kiln cold"].append(_run(argvs["kiln"], envs["kiln"], tmp))
-    runs["jax cold"].append(_run(argvs["jax"], envs["jax"], tmp))
+    argvs = {"jax": [str(script), *jax_argv],
+             "run": ["-m", "kiln", "run", str(script), *jax_argv],
+             "run-jit": ["-m", "kiln", "run", "--jit", str(script), *jax_argv]}
+    if kiln_variant is not None:
+        kiln_argv, kiln_env = kiln_variant
+        envs["kiln"] = base | kiln_env | {"KILN_CACHE_DIR": str(tmp / f"{name}-store"),
+                                          "KILN_PROGRESS": "0"}
+        argvs["kiln"] = [str(script), *kiln_argv]
+    events = tmp / f"{name}-events.json"
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for m in modes:
+        runs[MODES[m][0]] = [_run(argvs[m], envs[m], tmp, events)]
+    for m in modes:
+        runs[MODES[m][1]] = []
     for rep in range(reps):
-        order = ("kiln", "jax") if rep % 2 == 0 else ("jax", "kiln")
-        for who in order:
-            mode = "kiln warm" if who == "kiln" else "jax cache warm"
-            runs[mode].append(_run(argvs[who], envs[who], tmp))
+        for i in range(len(modes)):
+            m = modes[(rep + i) % len(modes)]
+            runs[MODES[m][1]].append(_run(argvs[m], envs[m], tmp, events))
     results = {json.dumps(r["result"], sort_keys=True) for rs in runs.values() for r in rs}
     med = {m: statistics.median(r["wall"] for r in rs) for m, rs in runs.items()}
-    ttfr = {m: statistics.median(r["ttfr"] for r in rs) if all(r["ttfr"] is not None for r in rs)
-            else None for m, rs in runs.items()}
-    out = {"wall_s": med, "ttfr_s": ttfr, "identical_results": len(results) == 1,
-           "import_floor_s": _floor(libs, base, tmp),
-           "wall_ratio": med["kiln warm"] / med["jax cache warm"],
-           "ttfr_ratio": (ttfr["kiln warm"] / ttfr["jax cache warm"]
-                          if ttfr["kiln warm"] and ttfr["jax cache warm"] else None),
-           "runs": runs}
+    ttfr = {m: _median([r["ttfr"] for r in rs]) for m, rs in runs.items()}
+    itfr = {m: _median([r["itfr"] for r in rs]) for m, rs in runs.items()}
+    trace_lower = {m: {kind: {f: statistics.median(r["events"][kind][f] for r in rs)
+                              for f in ("trace_s", "lower_s", "traces", "lowerings")}
+                       for kind in ("jit", "eager")} for m, rs in runs.items()}
+    out: dict[str, Any] = {"wall_s": med, "ttfr_s": ttfr, "itfr_s": itfr,
+                           "trace_lower_s": trace_lower,
+                           "identical_results": len(results) == 1,
+                           "import_floor_s": _floor(libs, base, tmp)}
+    anchor = "jax cache warm"
+    if anchor in med:
+        out["wall_ratios"] = {MODES[m][1]: med[MODES[m][1]] / med[anchor] for m in modes}
+        out["ttfr_ratios"] = {MODES[m][1]: ttfr[MODES[m][1]] / ttfr[anchor]
+                              for m in modes if ttfr[MODES[m][1]] and ttfr[anchor]}
+        jit_anchor = _seconds(trace_lower[anchor]["jit"])
+        out["jit_trace_lower_ratios"] = {
+            MODES[m][1]: _seconds(trace_lower[MODES[m][1]]["jit"]) / jit_anchor
+            for m in modes if jit_anchor}
+        if "kiln" in modes:  # (the figures of kiln warm against JAX's cache, as before)
+            out["wall_ratio"] = out["wall_ratios"]["kiln warm"]
+            out["ttfr_ratio"] = out["ttfr_ratios"].get("kiln warm")
+    out["runs"] = runs
     return out
 
 
-def start(doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+def _seconds(counts: dict[str, float]) -> float:
+    return counts["trace_s"] + counts["lower_s"]
+
+
+def start(doc: str, argv: list[str] | None,
+          modes: bool = False) -> tuple[argparse.Namespace, list[str]]:
     """The options of a benchmark over :data:`PROGRAMS` (``--reps``, ``--programs``,
-    ``--json``) and the program names, checked; prints the command line and compiles kiln's
-    bytecode, as every run starts."""
+    ``--json``; ``modes``: ``--modes`` too) and the program names, checked; prints the command
+    line and compiles kiln's bytecode, as every run starts."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--json", type=Path)
+    if modes:
+        parser.add_argument("--modes", default=",".join(MODES),
+                            help=f"comma-separated, of {', '.join(MODES)} (default: all)")
     args = parser.parse_args(argv)
+    if modes:
+        args.modes = tuple(m for m in args.modes.split(",") if m)
+        if not args.modes or set(args.modes) - set(MODES):
+            parser.error(f"--modes: {args.modes}; known: {', '.join(MODES)}")
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     compile_bytecode()
     names = [n for n in args.programs.split(",") if n]
@@ -154,21 +244,34 @@ def start(doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, list[st
     return args, names
 
 
+def _line(name: str, r: dict[str, Any]) -> str:
+    """One program's figures as text: per warm mode its wall, ratio to JAX's cache warm, time
+    to first result, imports to first result, and its jits' / eager trace + lowering seconds."""
+    w, t, i, tl = r["wall_s"], r["ttfr_s"], r["itfr_s"], r["trace_lower_s"]
+    ratios = r.get("wall_ratios", {})
+
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    parts = []
+    for mode in (m for m in w if not m.endswith("cold")):
+        ratio = f" ({ratios[mode]:.3f}x)" if mode in ratios else ""
+        parts.append(f"{mode}: wall {w[mode]:.2f}{ratio}, ttfr {s(t[mode])}, itfr {s(i[mode])}"
+                     f", trace+lower jit {_seconds(tl[mode]['jit']):.2f} / eager "
+                     f"{_seconds(tl[mode]['eager']):.2f}")
+    cold = ", ".join(f"{m} {w[m]:.2f}" for m in w if m.endswith("cold"))
+    return (f"{name}: " + "; ".join(parts) + f"; cold wall: {cold}; import floor "
+            f"{r['import_floor_s']:.2f}; identical results: {r['identical_results']}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args, names = start(__doc__, argv)
+    args, names = start(__doc__, argv, modes=True)
     report: dict[str, Any] = {}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            r = report[name] = measure(name, args.reps, Path(tmp))
-            w, t = r["wall_s"], r["ttfr_s"]
-            ttfr = (f"ttfr {t['kiln warm']:.2f} vs {t['jax cache warm']:.2f} s "
-                    f"({r['ttfr_ratio']:.3f}x)" if r["ttfr_ratio"] else "ttfr -")
-            print(f"{name:16s} warm wall kiln {w['kiln warm']:.2f} s vs JAX cache "
-                  f"{w['jax cache warm']:.2f} s ({r['wall_ratio']:.3f}x); {ttfr}; cold wall kiln "
-                  f"{w['kiln cold']:.2f} s, jax {w['jax cold']:.2f} s; import floor "
-                  f"{r['import_floor_s']:.2f} s; identical results: {r['identical_results']}",
-                  flush=True)
+            r = report[name] = measure(name, args.reps, Path(tmp), args.modes)
+            print(_line(name, r), flush=True)
             ok &= r["identical_results"]
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

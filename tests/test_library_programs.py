@@ -1,0 +1,168 @@
+"""Unchanged programs whose jits live inside libraries (``examples/libraries/``: numpyro's MCMC,
+blackjax's window adaptation and NUTS, a haiku + optax training loop, a jax-md simulation, an
+MJX rollout) under ``python -m kiln run --jit``: every ``jax.jit`` outside JAX itself is a
+``kiln.jit``, the libraries' too.
+
+Each program runs in fresh processes: plain ``python script`` (``jax.jit`` as JAX defines it),
+then ``kiln run --jit`` on an empty store (cold), then on that store (warm). The values each
+prints (its last line, one JSON object, timings left out) must be identical in all three, and
+the warm run must load every kiln.jit from the store (hits, no miss, no trace, no compile) and
+every eager operation and JAX-internal jit through the kiln:// route (no JAX cache miss): kiln's
+summary line on stderr (``kiln: hits: ...``) says so. A program is skipped only when its
+library is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kiln
+
+LIBRARIES = Path(__file__).resolve().parent.parent / "examples" / "libraries"
+KILN_SRC = str(Path(kiln.__file__).resolve().parents[1])
+
+# script -> modules it needs besides jax and kiln
+PROGRAMS: dict[str, tuple[str, ...]] = {
+    "numpyro_logreg": ("numpyro", "sklearn"),
+    "blackjax_nuts": ("blackjax", "sklearn"),
+    "haiku_digits": ("haiku", "optax", "sklearn"),
+    "jaxmd_lj_melt": ("jax_md",),
+    "mjx_humanoid": ("mujoco.mjx",),
+}
+TIMINGS = ("time_to_first_result_s", "imports_to_first_result_s")
+SUMMARY = re.compile(r"^kiln: hits: (\d+), misses: (\d+), traces: (\d+), compiles: (\d+)", re.M)
+ROUTE = re.compile(r"jax cache hits: (\d+), misses: (\d+)")
+
+# Warm starts that do not yet load everything, each with its cause (issue 34). The values are
+# identical all the same; these assert what happens, and turn into failures once it is fixed.
+KNOWN_WARM_MISSES = {
+    # numpyro.infer.MCMC keys its own cache of sample / postprocess functions by id() of the
+    # model's arguments (numpyro.infer.mcmc._hashable); the MCMC object is reached through the
+    # closure of _postprocess_fn, and kiln hashes a library object by all it holds, so the key
+    # of numpyro.util._fori_collect_loop holds two addresses that differ in every process
+    "numpyro_logreg": "MCMC._cache is keyed by id() of the model arguments",
+}
+# First warm starts that miss once, then never again (a later warm start loads everything)
+KNOWN_FIRST_WARM_MISSES = {
+    # jax_md.quantity.canonicalize_force sets its closure cell _force_fn on its first call,
+    # here in the trace of jax_md.simulate.nve's init_fn; a warm start loads init_fn without
+    # tracing it, so the cell is still None when block is keyed: one new entry, once
+    "jaxmd_lj_melt": "the trace of init_fn sets canonicalize_force's _force_fn cell",
+}
+
+
+def _env(cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
+    path = [KILN_SRC] if not KILN_SRC.endswith(("site-packages", "dist-packages")) else []
+    env.update(KILN_CACHE_DIR=str(cache), KILN_PROGRESS="0", JAX_PLATFORMS="cpu",
+               PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=os.pathsep.join([*path, env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _start(name: str, mode: str, cache: Path, cwd: Path) -> tuple[subprocess.Popen, str]:
+    script = str(LIBRARIES / f"{name}.py")
+    argv = [script] if mode == "plain" else ["-m", "kiln", "run", "--jit", "--explain", script]
+    proc = subprocess.Popen([sys.executable, *argv], env=_env(cache), cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, mode
+
+
+def _finish(name: str, started: tuple[subprocess.Popen, str]) -> dict[str, Any]:
+    proc, mode = started
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"{name} ({mode}) failed:\n{err[-6000:]}"
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith("{")]
+    result = json.loads(lines[-1])
+    run: dict[str, Any] = {"values": {k: v for k, v in result.items() if k not in TIMINGS},
+                           "stderr": err}
+    if mode != "plain":
+        summary = SUMMARY.findall(err)
+        assert summary, f"{name} ({mode}): no kiln summary:\n{err[-4000:]}"
+        run["hits"], run["misses"], run["traces"], run["compiles"] = map(int, summary[-1])
+        route = ROUTE.findall(err)
+        run["route_hits"], run["route_misses"] = map(int, route[-1]) if route else (0, 0)
+    return run
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, dict]]:
+    """``runs(name)``: the plain, cold and warm runs of one program (and a second warm run
+    where the first is known to miss once), each made once per module."""
+    done: dict[str, dict[str, dict]] = {}
+
+    def get(name: str) -> dict[str, dict]:
+        for module in PROGRAMS[name]:
+            pytest.importorskip(module)
+        if name not in done:
+            base = tmp_path_factory.mktemp(name)
+            cache = base / "kiln-cache"
+            # plain and cold are independent: side by side (2 cores); warm once cold wrote
+            started = [_start(name, mode, cache, base) for mode in ("plain", "cold")]
+            try:
+                by_mode = {s[1]: _finish(name, s) for s in started}
+            finally:
+                for proc, _ in started:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.communicate()
+            by_mode["warm"] = _finish(name, _start(name, "warm", cache, base))
+            if name in KNOWN_FIRST_WARM_MISSES:
+                by_mode["warm again"] = _finish(name, _start(name, "warm again", cache, base))
+            done[name] = by_mode
+        return done[name]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_values_identical_to_jax_jit(name: str, runs: Callable[[str], dict[str, dict]]) -> None:
+    by_mode = runs(name)
+    plain = by_mode["plain"]["values"]
+    assert plain
+    for mode, run in by_mode.items():
+        assert run["values"] == plain, mode  # exactly: the same executables' results
+        assert not re.search(r"\b(Kiln|Store)Warning\b|Traceback", run["stderr"]), (
+            mode, run["stderr"][-4000:])
+
+
+def _assert_loads_everything(name: str, cold: dict[str, Any], warm: dict[str, Any]) -> None:
+    explain = warm["stderr"][-4000:]
+    assert cold["misses"] > 0 and cold["compiles"] == cold["misses"], cold
+    assert warm["hits"] == cold["misses"], explain
+    assert (warm["misses"], warm["traces"], warm["compiles"]) == (0, 0, 0), explain
+    # eager operations and JAX's own jits: through the kiln:// route, none compiled
+    assert warm["route_misses"] == 0 and warm["route_hits"] > 0, explain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WARM_MISSES[n]))
+    if n in KNOWN_WARM_MISSES else n for n in PROGRAMS])
+def test_warm_run_loads_without_compiling(name: str,
+                                          runs: Callable[[str], dict[str, dict]]) -> None:
+    by_mode = runs(name)
+    cold, warm = by_mode["cold"], by_mode["warm"]
+    if name in KNOWN_FIRST_WARM_MISSES:
+        # one new entry on the first warm start, for one function; every later one loads all
+        assert (warm["misses"], warm["compiles"]) == (1, 1), warm["stderr"][-4000:]
+        assert warm["hits"] == cold["misses"] - 1
+        warm = by_mode["warm again"]
+        _assert_loads_everything(name, cold, warm)
+        return
+    _assert_loads_everything(name, cold, warm)
