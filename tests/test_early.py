@@ -127,3 +127,12 @@ def test_import_kiln_starts_no_backend_and_kiln_early_imports_only_the_stdlib() 
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=env)
     assert proc.stdout.strip() == "ok", proc.stderr[-4000:]
+
+
+def test_kiln_early_is_kiln_s_code_not_the_program_s() -> None:
+    # its marker check can run inside a trace (a kiln.noinline function made while tracing):
+    # a stat of kiln's own, never an input of the program (Python 3.12 keyed it and missed)
+    import kiln_early
+    from kiln._keys._libraries import is_user_file
+
+    assert not is_user_file(kiln_early.__file__)

@@ -51,7 +51,12 @@ LIB_ROOTS = tuple(
     }
     | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
 )
-KILN_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # src/kiln/
+# kiln's own code: the package and its top-level helpers beside it (the early start JAX
+# imports, the command line's entry, the pytest plugin); their file reads and checks are kiln's,
+# never the program's (a marker kiln_early checks while a noinline function is made in a trace)
+_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+KILN_ROOT = tuple(os.path.join(_SRC, name) + os.sep
+                  for name in ("kiln", "kiln_early", "kiln_cli", "kiln_pytest"))
 
 
 @functools.lru_cache(maxsize=4096)
