@@ -121,6 +121,7 @@ __all__ = [  # every name kiln uses (the rest is private to this shim)
     "pytree_node_functions",
     "raise_floating_point_error",
     "reset_compilation_cache",
+    "sections_for_trace",
     "serialize_compiled",
     "sharding_text",
     "trace_context",
@@ -622,16 +623,7 @@ def serialize_compiled(
     if getattr(unloaded, "mut", None) is not None and unloaded.mut.in_mut:
         raise Unserializable("the program closes over a mutable array ref",
                              advice="pass the array ref as an argument")
-    callbacks = list(unloaded.host_callbacks)
-    sections: dict[str, bytes] = {}
-    mode = "none"
-    if callbacks:
-        try:
-            sections["callbacks"] = pickle_callbacks(callbacks, live, is_user, codes)
-            mode = "stored"
-        except Unserializable as e:  # the callables must be rebuilt by tracing
-            logger.debug("kiln: host callbacks rebuilt by tracing on a warm start: %s", e)
-            mode = "trace"
+    sections, mode = _callback_sections(list(unloaded.host_callbacks), live, is_user, codes)
     buf = io.BytesIO()
     device_list = getattr(unloaded, "device_list", None)  # jax 0.4.31+: a DeviceList
     pickler = _Pickler(buf, unloaded.host_callbacks,
@@ -646,6 +638,39 @@ def serialize_compiled(
     sections["exec"] = pickler.executable
     sections["meta"] = buf.getvalue()
     return sections, mode
+
+
+def _callback_sections(callbacks: list[Any], live: Sequence[Any],
+                       is_user: Callable[[Any], bool] | None,
+                       codes: Collection[Any]) -> tuple[dict[str, bytes], str]:
+    """(the ``callbacks`` section, if stored; callbacks mode) of a program's host callbacks
+    (see :func:`serialize_compiled`)."""
+    if not callbacks:
+        return {}, "none"
+    try:
+        return {"callbacks": pickle_callbacks(callbacks, live, is_user, codes)}, "stored"
+    except Unserializable as e:  # the callables must be rebuilt by tracing
+        logger.debug("kiln: host callbacks rebuilt by tracing on a warm start: %s", e)
+        return {}, "trace"
+
+
+def sections_for_trace(
+    sections: dict[str, bytes], callbacks: list[Any], out_tree: Any, static_out: Any,
+    inputs: Sequence[Any] = (), *, live: Sequence[Any] = (),
+    is_user: Callable[[Any], bool] | None = None, codes: Collection[Any] = (),
+) -> tuple[dict[str, bytes], str]:
+    """Another entry's executable (``sections``: its ``exec`` and ``meta``, of the same lowered
+    module) with what this process's trace gives and the lowered module does not hold: host
+    callbacks (from this lowering, bound to ``live``), the output tree and kiln.filter_jit's
+    non-array outputs (``static_out``, or None) pickled against ``inputs``. Returns (sections,
+    callbacks mode) as :func:`serialize_compiled` does; the executable is never serialized
+    again (XLA would drop the kernels of a reloaded one)."""
+    new, mode = _callback_sections(callbacks, live, is_user, codes)
+    new.update(exec=sections["exec"], meta=sections["meta"],
+               out_tree=pickle_tree(out_tree, inputs))
+    if static_out is not None:
+        new["static_out"] = pickle_tree(static_out, inputs)
+    return new, mode
 
 
 def uses_lapack(lowered_text: str) -> bool:

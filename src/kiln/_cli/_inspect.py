@@ -23,7 +23,8 @@ __all__ = ["register"]
 _clock: Callable[[], float] = time.time
 
 # the kinds of entry with no executable behind them, only a marker: "this fingerprint needs
-# the verify path", or "this function's executable cannot be stored" (with the reason)
+# the verify path", or "this function's executable cannot be stored" (with the reason); an
+# alias ("this function and signature last compiled the entry under that key") is not listed
 _MARKERS = ("verify-only", "unstorable", "not-storable")
 
 
@@ -92,6 +93,8 @@ def _rows(store: Store) -> list[_Row]:
         kind = str(header.get("kind", "executable"))
         seconds = header.get("compile_seconds")
         seconds = float(seconds) if isinstance(seconds, int | float) else None
+        if kind == "alias":
+            continue  # bookkeeping of the entry it names (kiln._miss._compile._same_program)
         if kind in _MARKERS:
             function = header.get("function")
             function = function if isinstance(function, str) and "." in function else "-"

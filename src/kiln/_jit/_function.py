@@ -115,6 +115,10 @@ class JitFunction:
     # static arguments with no hash of their own (arrays, lists) are keyed by value (the jax.jit
     # swap leaves them to jax.jit, which refuses them)
     _statics_by_value = True
+    # a fingerprint miss looks for the same lowered module under the call's alias entry
+    # (kiln._miss._compile._Miss._same_program): the jax.jit swap's, whose functions live in
+    # libraries whose values kiln's walk reaches (numpyro's caches keyed by id())
+    _same_program_alias = False
 
     def __init__(
         self,

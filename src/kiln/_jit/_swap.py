@@ -126,6 +126,9 @@ class SwappedJit(JitFunction):
     # static arguments as jax.jit takes them: one with no hash (a numpy array, a list) is
     # jax.jit's to refuse, not kiln's to key by value (_dispatch.install reads it)
     _statics_by_value = False
+    # never slower than JAX's cache, which keys by the lowered module: a fingerprint miss whose
+    # lowering is the module compiled last loads it (kiln._miss._compile._Miss._same_program)
+    _same_program_alias = True
     _said: frozenset[tuple[str, str | None]] = frozenset()  # what its explanations said
 
     def _say_once(self, said: tuple[str, str | None]) -> bool:

@@ -70,6 +70,7 @@ class KilnFunction(Protocol):
     _name: str
     _module: str
     _may_tier_up: bool  # False for kiln.noinline's own executables
+    _same_program_alias: bool  # a fingerprint miss looks up the lowered module (the jax.jit swap)
 
     @property
     def _options(self) -> Options: ...

@@ -111,6 +111,12 @@ class CallKeys:
         """The key by the function's fingerprint (when it is sound)."""
         return self.parts.key("fingerprint", self.fp.digest)
 
+    def alias_key(self) -> str:
+        """The key of this call's alias entry: which fingerprint key holds the executable this
+        function and signature last compiled, from which lowered module (every key part but
+        the program's own)."""
+        return self.parts.key("alias", "")
+
     def verify_key(self, digest: str, *, inlined: bool = False) -> str:
         """The key of the verify path: by the digest of the lowered module, or of the inlined
         one for an entry of tier-up's form (that form holds the noinline functions' code too)."""

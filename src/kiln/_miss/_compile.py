@@ -32,6 +32,8 @@ from ._writer import EntryWriter
 logger = logging.getLogger("kiln")
 
 _MANIFEST_UNSOUND = "manifest could not be fingerprinted (recorded on the first run)"
+# how many times in a row a new fingerprint of an unchanged program is stored (_same_program)
+_SAME_PROGRAM_COPIES = 2
 
 
 @contextlib.contextmanager
@@ -122,7 +124,47 @@ class _Miss:
                       "created": time.time()}
             self.writer.put(fp_key, marker, {})
             return self._verify_path(t_start)
+        same = self._same_program(fp_key, manifest)
+        if same is not None:
+            return same
         return self._compile_and_store(fp_key, manifest, t_start, leased=True)
+
+    def _same_program(self, fp_key: str, manifest: list[list[str]]) -> Any:
+        """The executable this function and signature compiled last, when its fingerprint has
+        changed but this process's lowering is the very module it was compiled from (a value
+        the fingerprint walks changed that only Python code reads; numpyro's ``MCMC`` caches
+        keyed by ``id()``): loaded, not compiled, as JAX's cache would. Stored under
+        ``fp_key`` too, so the next process hits it without tracing, unless the fingerprint
+        has changed that way ``_SAME_PROGRAM_COPIES`` times in a row (it differs in every
+        process: each one traces and lowers, and the store does not grow). None: nothing
+        stored for it, or another program (compile)."""
+        if not self.jf._same_program_alias or self.policy.candidate:
+            return None  # (tier-up's forms are keyed by their own modules)
+        alias = self.reader.alias(self.keys.alias_key())
+        if alias is None:
+            return None
+        lowered = self.program.lowered_facts[0]
+        entry_key = alias.get("entry")
+        if alias.get("lowered") != lowered or not isinstance(entry_key, str):
+            return None  # the program changed too
+        with self.explain.quietly():
+            got = self.reader.load(entry_key, lowered=lowered)
+        if got.outcome is not Outcome.HIT or got.entry is None:
+            return None
+        copies = int(alias.get("copies", 0))
+        stored = (copies < _SAME_PROGRAM_COPIES
+                  and self.writer.put_same_program(fp_key, manifest, got.entry))
+        if stored:
+            self.writer.put_alias(fp_key, copies=copies + 1)
+        self.explain(
+            "same-program",
+            f"fingerprint changed, lowered module did not: loaded entry {short_key(entry_key)} "
+            "without compiling" + (
+                " and stored it under this fingerprint too" if stored else
+                f"; not stored under this fingerprint (it changed {copies} times in a row with "
+                "the same program: something the function reads differs in every process, so "
+                "each process traces and lowers it)"))
+        return got.executable
 
     def _verify_path(self, t_start: float) -> Any:
         """Load or compile under keys of the lowered module (the fingerprint is not sound)."""

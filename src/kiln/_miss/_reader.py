@@ -53,6 +53,7 @@ class Outcome(enum.Enum):
 class Loaded:
     outcome: Outcome
     executable: Any = None  # the callable executable, on a HIT
+    entry: Entry | None = None  # the entry it was loaded from, on a HIT
 
 
 _ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
@@ -79,8 +80,13 @@ class EntryReader:
         self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
         self.reported: set[str] = set()  # keys whose bad entry was reported (once per key)
 
-    def load(self, key: str) -> Loaded:
-        """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not."""
+    def load(self, key: str, *, lowered: str | None = None) -> Loaded:
+        """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not.
+
+        ``lowered``: the digest of this process's lowering of the program, for an entry stored
+        under another fingerprint (:meth:`alias`): a hit only when that entry was compiled from
+        this very module (its manifest is not checked: the module is what it describes), and
+        never a stale or replaced entry when it was not."""
         t0 = time.perf_counter()
         try:
             blob = self.store.get(key)
@@ -90,7 +96,7 @@ class EntryReader:
         finally:
             _stats.bump(read_seconds=time.perf_counter() - t0)
         if blob is None:
-            if not self.explain.quiet:
+            if not self.explain.quiet and lowered is None:
                 self.explain.memory_miss()
                 if self.explain.wanted:
                     fun = self.fun
@@ -98,32 +104,59 @@ class EntryReader:
                         self.store, f"{fun._module}.{fun._name}", self.keys.parts.parts,
                         self.keys.fp.parts, self.keys.signature))
             return _ABSENT
-        got = self._use(key, blob)
-        if got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and key not in self.keep_keys:
+        got = self._use(key, blob, lowered)
+        if (got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and key not in self.keep_keys
+                and lowered is None):
             self.replace_keys.add(key)
         return got
 
-    def _use(self, key: str, blob: bytes) -> Loaded:
-        """Verify and deserialize the entry ``blob`` found under ``key``, or say why not."""
+    def alias(self, key: str) -> dict[str, Any] | None:
+        """The header of the alias entry under ``key`` (``CallKeys.alias_key``: which entry
+        holds the executable this function and signature last compiled, under which
+        fingerprint, from which lowered module), or None: none, or a bad one (warned about,
+        replaced by the next alias written)."""
+        try:
+            blob = self.store.get(key)
+        except (OSError, StoreError) as e:
+            store_fault(self.store, "read", e, strict=self.cfg.strict)
+            return None
+        if blob is None:
+            return None
+        entry = self._decode(key, blob)
+        if entry is None or entry.header.get("kind") != "alias":
+            self.replace_keys.add(key)
+            return None
+        return entry.header
+
+    def _use(self, key: str, blob: bytes, lowered: str | None = None) -> Loaded:
+        """Verify and deserialize the entry ``blob`` found under ``key``, or say why not
+        (``lowered``: see :meth:`load`)."""
         entry = self._decode(key, blob)
         if entry is None:
             return _UNUSABLE
         header = entry.header
-        marker = self._marker(key, header)
-        if marker is not None:
-            return marker
-        if header.get("tier") == "noinline":
-            self.policy.loaded_first_tier(key)
-        t0 = time.perf_counter()
-        fun_globals = getattr(self.fun._fun, "__globals__", None)
-        changed = check_manifest(
-            header.get("manifest") or [],
-            (self.fun._module, fun_globals) if isinstance(fun_globals, dict) else None,
-        )
-        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
-        if changed is not None:
-            self.explain("manifest", f"stored entry is stale: {changed}")
-            return _STALE
+        if lowered is not None:
+            # an entry of the same program: an executable compiled from this very module
+            # (tier-up's entries, of another form, are left to their own key)
+            if (header.get("kind") != "executable" or header.get("lowered") != lowered
+                    or header.get("tier") is not None):
+                return _ABSENT
+        else:
+            marker = self._marker(key, header)
+            if marker is not None:
+                return marker
+            if header.get("tier") == "noinline":
+                self.policy.loaded_first_tier(key)
+            t0 = time.perf_counter()
+            fun_globals = getattr(self.fun._fun, "__globals__", None)
+            changed = check_manifest(
+                header.get("manifest") or [],
+                (self.fun._module, fun_globals) if isinstance(fun_globals, dict) else None,
+            )
+            _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+            if changed is not None:
+                self.explain("manifest", f"stored entry is stale: {changed}")
+                return _STALE
         t0 = time.perf_counter()
         traced = self._from_trace(key, entry)
         if traced is None:
@@ -143,7 +176,7 @@ class EntryReader:
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.fun._name, short_key(key),
                      load_s)
         self.entries.append((self.store, key))
-        return Loaded(Outcome.HIT, compiled)
+        return Loaded(Outcome.HIT, compiled, entry)
 
     def _decode(self, key: str, blob: bytes) -> Entry | None:
         """The entry, verified; None for a bad one (warned about)."""

@@ -13,7 +13,7 @@ from .._base import Config, KilnWarning, StoreError, _jax_compat, _stats
 from .._keys import is_user_object, make_key, manifest_for
 from .._travel import kiln_compiling
 from ..stores import RemoteSkipped, Replaceable, Store, store_fault, user_stacklevel
-from ..stores._entry import encode
+from ..stores._entry import Entry, encode
 from . import _noinline_p
 from ._call import KilnFunction
 from ._call_keys import CallKeys
@@ -74,7 +74,44 @@ class EntryWriter:
         if tier_up_candidate:
             header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
         self.put(key, header, sections)
+        if manifest is not None and not tier_up_candidate and self.fun._same_program_alias:
+            self.put_alias(key, copies=0)
         return result
+
+    def put_alias(self, key: str, *, copies: int) -> None:
+        """Under the call's alias key (``CallKeys.alias_key``): the entry ``key`` holds what
+        this function and signature compiled last, and from which lowered module. A later
+        process whose fingerprint of the function differs but whose lowering is the same loads
+        it instead of compiling (``_Miss._same_program``). ``copies``: how many times in a row
+        it was stored again under a new fingerprint that way."""
+        alias_key = self.keys.alias_key()
+        header = {"kind": "alias", "function": f"{self.fun._module}.{self.fun._name}",
+                  "signature": self.keys.signature, "lowered": self.program.lowered_facts[0],
+                  "entry": key, "copies": copies, "created": time.time()}
+        self.replace_keys.add(alias_key)  # (a remote store's put keeps the alias it holds)
+        self.put(alias_key, header, {}, counted=False)
+
+    def put_same_program(self, key: str, manifest: list[list[str]], entry: Entry) -> bool:
+        """Store under ``key`` (this call's fingerprint key) the executable of ``entry``, an
+        entry of this very program under another fingerprint, with what this process's trace
+        gives and the lowered module does not hold (host callbacks bound to its objects, the
+        output tree, non-array outputs). False when it cannot be stored."""
+        program = self.program
+        assert program.traced is not None  # internal invariant: loaded after tracing
+        try:
+            sections, mode = _jax_compat.sections_for_trace(
+                entry.sections, _jax_compat.host_callbacks(program.lower()),
+                program.traced.out_tree, program.static_out(), program.input_objects(),
+                live=self.keys.fp.objects, is_user=is_user_object, codes=self.keys.fp.codes)
+        except _jax_compat.Unserializable as e:
+            self.explain("same-program", f"not stored under this fingerprint: {e}")
+            return False
+        old = entry.header
+        header = self._header(mode, manifest, float(old.get("compile_seconds", 0.0)),
+                              float(old.get("xla_compile_seconds", 0.0)),
+                              *program.lowered_facts)
+        self.put(key, header, sections)
+        return True
 
     def compile_inlined_and_write(self, key: str | None, *, fingerprinted: bool,
                                   args: list[Any], t0: float) -> Any:

@@ -1,0 +1,184 @@
+"""Under ``kiln run --jit``, a function whose fingerprint changes while its program does not
+is loaded, not compiled (the mode is never slower than JAX's cache, keyed by the module).
+
+numpyro's ``MCMC`` keys its cache by ``id()`` of the model's arguments, and kiln's fingerprint
+of ``numpyro.util._fori_collect_loop`` walks that cache: its fingerprint differs in every
+process although the program it traces is the same. On a fingerprint miss kiln reads the call's
+alias entry (``CallKeys.alias_key``: which entry this function and signature compiled last, from
+which lowered module), and when this process's lowering is that module, loads the executable
+instead of compiling it. A ``kiln.jit`` the user wrote keeps one entry per compile and no
+alias. Real processes sharing one store (``Program`` in ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROG = '''\
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+import kiln
+
+if os.environ.get("KILN_TEST_WARN"):  # a bad entry's StoreWarning shown, not raised
+    warnings.simplefilter("always", kiln.StoreWarning)
+
+# read by Python code only: a new value changes the fingerprint, not the program
+TOKEN = {"run": os.environ["KILN_TEST_TOKEN"]}
+SCALE = float(os.environ.get("KILN_TEST_SCALE", "2.0"))  # in the program (a constant)
+
+
+@(kiln.jit if os.environ.get("KILN_TEST_DECORATED") else jax.jit)
+def f(x):
+    TRACE()
+    if TOKEN["run"]:
+        return jnp.sin(x) * SCALE + 1.0
+    return x
+
+
+x = jnp.arange(4.0)
+call("f", f, x)
+report()
+'''
+
+
+def _aliases(store: Any) -> list[Any]:
+    """The alias entries' files in the local store (``kiln ls`` does not list them)."""
+    return [path for path in store.rglob("*") if path.is_file()
+            and b'"kind": "alias"' in path.read_bytes()[:4096]]
+
+
+def _entries(store: Any) -> dict[str, int]:
+    """Entries of ``f`` in the store by kind (``kiln ls --json``), and its aliases."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kiln", "ls", "--json", "--store", str(store)],
+                         capture_output=True, text=True, check=True).stdout
+    kinds: dict[str, int] = {}
+    for row in json.loads(out):
+        if row["function"].endswith(".f"):
+            kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    if _aliases(store):
+        kinds["alias"] = len(_aliases(store))
+    return kinds
+
+
+def _close(rec: dict[str, Any], scale: float) -> list[float]:
+    """The result of ``f`` in ``rec``, checked against NumPy's for ``SCALE = scale``."""
+    import numpy as np
+
+    assert "error" not in rec, rec["error"]
+    got = rec["leaves"][0]
+    want = np.sin(np.arange(4.0, dtype=np.float32)) * np.float32(scale) + 1
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    return got  # type: ignore[no-any-return]
+
+
+MODE = ("-m", "kiln", "run", "--jit", "prog.py")
+
+
+def _loaded_after_trace(rec: dict[str, Any]) -> None:
+    """Traced and lowered (the fingerprint missed), then loaded: no compile."""
+    assert "error" not in rec, rec["error"]
+    assert rec["hits"] == 1 and rec["misses"] == 0, rec
+    assert rec["py_traces"] == 1 and rec["jax_lowerings"] >= 1, rec
+    assert rec["compiles"] == 0 and rec["xla_compiles"] == 0, rec
+
+
+def test_a_fingerprint_that_changes_every_run_loads_the_same_program(
+        tmp_path: Any, xp: Any) -> None:
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    first = p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"]
+    xp.assert_cold(first)
+    want = _close(first, 2.0)  # every later run: the very same values
+    assert _entries(p.cache) == {"executable": 1, "alias": 1}
+
+    # new fingerprints, the same program: loaded; stored under the new fingerprint twice
+    for i, token in enumerate("bc", start=2):
+        rec = p.run(main=MODE, env={"KILN_TEST_TOKEN": token})["f"]
+        _loaded_after_trace(rec)
+        assert rec["leaves"] == [want]
+        assert rec["stores_written"] == 1, rec  # the copy (the alias is not counted)
+        assert _entries(p.cache) == {"executable": i, "alias": 1}
+    # a fingerprint that changes in every process: loaded, and the store no longer grows
+    for token in "de":
+        rec = p.run(main=MODE, env={"KILN_TEST_TOKEN": token})["f"]
+        _loaded_after_trace(rec)
+        assert rec["leaves"] == [want]
+        assert rec["stores_written"] == 0, rec
+    assert _entries(p.cache) == {"executable": 3, "alias": 1}
+
+    # a fingerprint seen before hits its entry without tracing (the copy is a real entry)
+    again = p.run(main=MODE, env={"KILN_TEST_TOKEN": "c"})["f"]
+    xp.assert_warm(again)
+    assert again["leaves"] == [want]
+
+
+def test_a_fingerprint_that_changed_once_warm_starts_from_the_next_run(
+        tmp_path: Any, xp: Any) -> None:
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    xp.assert_cold(p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"])
+    _loaded_after_trace(p.run(main=MODE, env={"KILN_TEST_TOKEN": "b"})["f"])
+    warm = p.run(main=MODE, env={"KILN_TEST_TOKEN": "b"})["f"]
+    xp.assert_warm(warm)
+    _close(warm, 2.0)
+
+
+def test_a_changed_program_under_a_changed_fingerprint_is_compiled(
+        tmp_path: Any, xp: Any) -> None:
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    xp.assert_cold(p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"])
+    # SCALE is a constant of the program: another lowered module, never the stored executable
+    changed = p.run(main=MODE, env={"KILN_TEST_TOKEN": "a", "KILN_TEST_SCALE": "3.0"})["f"]
+    xp.assert_cold(changed)
+    _close(changed, 3.0)
+    # and the first program's entry is still there, and right
+    back = p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"]
+    xp.assert_warm(back)
+    _close(back, 2.0)
+    # a new fingerprint of the changed program: the alias now names the changed program
+    again = p.run(main=MODE, env={"KILN_TEST_TOKEN": "z", "KILN_TEST_SCALE": "3.0"})["f"]
+    _loaded_after_trace(again)
+    assert again["leaves"] == changed["leaves"]
+
+
+def test_a_bad_alias_entry_is_warned_about_and_the_call_compiles(
+        tmp_path: Any, xp: Any) -> None:
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    xp.assert_cold(p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"])
+    aliases = _aliases(p.cache)
+    assert len(aliases) == 1, aliases
+    blob = aliases[0].read_bytes()
+    aliases[0].write_bytes(blob[:-8] + bytes(8))  # the digest no longer verifies
+    run = p.run(main=MODE, env={"KILN_TEST_TOKEN": "b", "KILN_TEST_WARN": "1"})
+    rec = run["f"]
+    xp.assert_cold(rec)
+    assert rec["bad_entries"] == 1, rec
+    assert "is unusable" in run.stderr
+    _close(rec, 2.0)
+    # the alias was replaced: the next new fingerprint loads without compiling
+    _loaded_after_trace(p.run(main=MODE, env={"KILN_TEST_TOKEN": "c", "KILN_TEST_WARN": "1"})["f"])
+
+
+def test_a_kiln_jit_function_keeps_one_entry_per_compile(tmp_path: Any, xp: Any) -> None:
+    """No alias for the user's own ``kiln.jit``: its fingerprint is the user's to fix
+    (``KILN_EXPLAIN=1`` names what changed), and a changed fingerprint compiles once."""
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    for token in "ab":
+        xp.assert_cold(p.run(env={"KILN_TEST_TOKEN": token, "KILN_TEST_DECORATED": "1"})["f"])
+    assert _entries(p.cache) == {"executable": 2}
+    xp.assert_warm(p.run(env={"KILN_TEST_TOKEN": "b", "KILN_TEST_DECORATED": "1"})["f"])
