@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import kiln
+from kiln._base import decode, encode, peek_header
 from kiln._base._config import parse_size
 from kiln.stores import LocalStore, MemoryStore, NullStore, Store, open_store
-from kiln.stores._entry import decode, encode, peek_header
 
 
 def _key(i: int) -> str:
