@@ -8,6 +8,7 @@ import ast
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,12 +81,33 @@ FACE_MODULES = {
 }
 
 
-def _folder_of(path: Path, src: Path) -> tuple[str | None, tuple[str, ...]]:
-    """``path``'s folder (``"_base"``, ``"stores"``, ...; ``None``: the top, ``kiln/*.py``)
-    and the dotted package its relative imports start from."""
-    parts = ("kiln", *path.relative_to(src).with_suffix("").parts)
-    package = parts[:-1]
-    return (package[1] if len(package) > 1 else None), package
+def _cross_folder_imports(src: Path) -> Iterator[tuple[str, int, str, str, list[str]]]:
+    """``(file, line, statement, module, names)`` for each import in a module under ``src``
+    (the ``kiln`` package) of a module of another folder: ``module`` dotted and absolute,
+    ``names`` those a ``from`` import takes (none for ``import``). kiln's top
+    (``kiln/__init__.py``, ``kiln/__main__.py``) counts as a folder of its own."""
+    folders = {p.name for p in src.iterdir() if (p / "__init__.py").is_file()}
+    for path in sorted(src.rglob("*.py")):
+        package = ("kiln", *path.relative_to(src).with_suffix("").parts)[:-1]
+        own = package[1] if len(package) > 1 else None
+        where = str(path.relative_to(src.parent))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[tuple[str, list[str]]] = []
+            if isinstance(node, ast.Import):
+                targets = [(a.name, []) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = list(package[: len(package) - node.level + 1]) if node.level else []
+                module = ".".join(base + [node.module] if node.module else base)
+                targets = [(module, [a.name for a in node.names])]
+            for module, names in targets:
+                # (from kiln import B: folders' faces, or the top's own names)
+                parts = module.split(".")
+                if parts[0] == "kiln" and len(parts) > 1 and parts[1] in folders - {own}:
+                    yield where, node.lineno, ast.unparse(node), module, names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
 
 
 def face_bypasses(src: Path = SRC) -> list[str]:
@@ -107,36 +129,13 @@ def face_bypasses(src: Path = SRC) -> list[str]:
 
     Imports inside one folder are the folder's own business and are not checked.
     """
-    folders = {p.name for p in src.iterdir() if (p / "__init__.py").is_file()}
-    out: list[tuple[Path, int, str]] = []
-    for path in sorted(src.rglob("*.py")):
-        own, package = _folder_of(path, src)
-        where = path.relative_to(src.parent)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[tuple[str, list[str]]] = []
-            if isinstance(node, ast.Import):
-                targets = [(a.name, []) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = list(package[: len(package) - node.level + 1]) if node.level else []
-                module = ".".join(base + [node.module] if node.module else base)
-                targets = [(module, [a.name for a in node.names])]
-            for module, names in targets:
-                parts = module.split(".")
-                if parts[0] != "kiln":
-                    continue
-                if len(parts) == 1:  # from kiln import B: folders' faces, or the top's names
-                    continue
-                folder, inner = parts[1], parts[2:]
-                if folder == own or folder not in folders:
-                    continue
-                shown = ast.unparse(node)
-                if any(p.startswith("_") for p in inner):
-                    out.append((where, node.lineno, shown))
-                    continue
-                for name in names:
-                    private = name.startswith("_") and not name.startswith("__")
-                    if private and f"{module}.{name}" not in FACE_MODULES:
-                        out.append((where, node.lineno, f"{shown} ({name})"))
+    out: list[tuple[str, int, str]] = []
+    for where, line, shown, module, names in _cross_folder_imports(src):
+        if any(_private(p) for p in module.split(".")[2:]):
+            out.append((where, line, shown))
+            continue
+        out += [(where, line, f"{shown} ({name})") for name in names
+                if _private(name) and f"{module}.{name}" not in FACE_MODULES]
     return [f"{where}:{line}: {text}" for where, line, text in sorted(out)]
 
 
@@ -145,27 +144,13 @@ def test_no_folder_imports_a_private_module_of_another() -> None:
     assert face_bypasses() == []
 
 
-def test_face_modules_are_modules_that_are_still_imported() -> None:
+def test_each_face_module_is_one_another_folder_takes() -> None:
     """Each exception names a module that exists and that some other folder takes whole."""
+    taken = {f"{module}.{name}" for _, _, _, module, names in _cross_folder_imports(SRC)
+             for name in names if _private(name)}
+    assert sorted(set(FACE_MODULES) - taken) == []
     for name in FACE_MODULES:
         assert (SRC.parent / (name.replace(".", "/") + ".py")).is_file(), name
-    taken = {f"kiln.{f}.{m}" for f, m in _faces_taken(SRC)}
-    assert sorted(set(FACE_MODULES) - taken) == []
-
-
-def _faces_taken(src: Path) -> set[tuple[str, str]]:
-    """(folder, private module) for each ``from ..folder import _module`` across folders."""
-    out = set()
-    for path in src.rglob("*.py"):
-        own, package = _folder_of(path, src)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = list(package[: len(package) - node.level + 1])
-                parts = base + (node.module.split(".") if node.module else [])
-                if len(parts) == 2 and parts[1] != own:
-                    out |= {(parts[1], a.name) for a in node.names if a.name.startswith("_")
-                            and not a.name.startswith("__")}
-    return out
 
 
 def test_face_bypasses_are_found(tmp_path: Path) -> None:
