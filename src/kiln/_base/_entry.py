@@ -1,4 +1,4 @@
-"""The on-disk (and in-store) format of one entry.
+"""The on-disk (and in-store) format of one entry, and what its key looks like (:func:`is_key`).
 
 An entry is one blob, little-endian::
 
