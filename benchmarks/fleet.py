@@ -39,7 +39,7 @@ processes with ``KILN_SIGNING_KEY`` set; each worker has its own empty local dir
 
 2. Remote hit vs local hit. One cold worker fills the (flushed) Redis db; the fit's entry (the
    largest key in Redis, ~1.7 MB) is copied into a ``LocalStore``. In this process,
-   ``store.get(key)`` + ``kiln.stores._entry.decode(blob, signing_key=...)`` from the ``LocalStore`` vs
+   ``store.get(key)`` + ``kiln._base.decode(blob, signing_key=...)`` from the ``LocalStore`` vs
    from the ``RedisStore`` (``open_store(config, layered=False)``), ``--reads`` (25) reads each,
    interleaved (order alternating), medians; ratio remote / local. End to end: a fresh worker
    with the Redis store warm and an EMPTY local dir (a remote hit, copied to its local dir) vs a
@@ -47,7 +47,7 @@ processes with ``KILN_SIGNING_KEY`` set; each worker has its own empty local dir
    read), ``--e2e-reps`` (5) each, interleaved; ``fit_s`` medians and ratio.
 
 3. Store put / get at ``--entries`` (10,000) entries of ~4 KiB: kiln's ``LocalStore`` (blobs made
-   with ``kiln.stores._entry.encode``, unsigned, 64-hex keys) vs JAX's persistent-cache directory class
+   with ``kiln._base.encode``, unsigned, 64-hex keys) vs JAX's persistent-cache directory class
    ``jax._src.lru_cache.LRUCache(path, max_size=-1)`` (no eviction) and ``max_size=1 GiB``
    (eviction bookkeeping: an atime file per entry, a file lock, and on every put a scan of the
    whole directory, stat + atime read per entry; nothing is evicted at 40 MB), keys like JAX's
@@ -334,7 +334,7 @@ def part_fleet(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
 def part_remote(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
     import kiln
     from kiln.stores import LocalStore, open_store
-    from kiln.stores._entry import decode
+    from kiln._base import decode
 
     flushdb(url)
     fill = run_workers(1, tmp / "p2-fill", url)[0]
@@ -403,7 +403,7 @@ class _Kiln:
         return hashlib.sha256(f"entry-{i}".encode()).hexdigest()
 
     def value(self, key: str, size: int) -> bytes:
-        from kiln.stores._entry import encode
+        from kiln._base import encode
 
         header = {"key": key, "function": "bench", "signature": "-"}
         probe = encode(header, {"exe": b""}, signing_key=None)

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln._base import decode, encode
 from kiln._cli import main
 from kiln._travel._bundle import decode_bundle, encode_bundle
 from kiln.stores import LocalStore
-from kiln.stores._entry import decode, encode
 
 
 def _double(x: Any) -> Any:
@@ -483,8 +483,8 @@ def test_a_manifest_nested_past_the_recursion_limit_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A crafted bundle with a valid digest: refused with exit 1, never a traceback."""
+    from kiln._base import digest
     from kiln._travel._bundle import _PREFIX, FORMAT_VERSION, MAGIC
-    from kiln.stores._entry import digest
 
     manifest = b"[" * 200_000 + b"]" * 200_000
     body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(manifest), 0, 0) + manifest

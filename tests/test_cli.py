@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import pytest
 
 import kiln
+from kiln._base import encode
 from kiln._cli import _demo, _inspect, _render, main
 from kiln.stores import LocalStore
-from kiln.stores._entry import encode
 
 
 def _double(x: Any) -> Any:

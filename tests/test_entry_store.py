@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import kiln
+from kiln._base import decode, encode, is_key, peek_header
 from kiln._base._config import parse_size
 from kiln.stores import LocalStore, MemoryStore, NullStore, Store, open_store
-from kiln.stores._entry import decode, encode, peek_header
 
 
 def _key(i: int) -> str:
@@ -30,6 +30,36 @@ def test_entry_round_trip_and_header_peek():
     assert entry.header["function"] == "m.f"
     assert entry.sections == {"exec": b"\x00\x01", "meta": b"abc"}
     assert peek_header(blob)["n"] == 1
+
+
+@pytest.mark.parametrize(("text", "key", "digest"), [
+    ("ab" * 32, True, True),  # a key: 64 lowercase hex characters
+    (_key(7), True, True),
+    ("ab" * 16, False, True),  # a fingerprint or static digest: 32
+    ("ab" * 40, False, True),
+    ("a" * 63, False, True),
+    ("a" * 65, False, True),
+    ("a" * 31, False, False),
+    ("AB" * 32, False, False),  # uppercase
+    ("g" + "a" * 63, False, False),
+    ("../" + "a" * 61, False, False),
+    ("", False, False),
+    (b"ab" * 32, False, False),  # bytes, not text
+    (None, False, False),
+])
+def test_is_key(text, key, digest):
+    """Issue 35: one is_key for every check of a key (stores, bundles, the CLI, KILN_EXPLAIN's
+    shortened digests)."""
+    assert is_key(text) is key
+    assert is_key(text, digest=True) is digest
+
+
+def test_stores_refuse_what_is_not_a_key(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    for bad in ("ab" * 16, "AB" * 32, "../" + "a" * 61):
+        with pytest.raises(ValueError, match="lowercase hex"):
+            store.get(bad)
+    assert store.get("ab" * 32) is None
 
 
 @pytest.mark.parametrize("cut", [0, 5, 31, 40, -1])
@@ -276,6 +306,21 @@ def test_public_surface_is_pinned():
     public = [n for n in public if n not in {"stores"}]
     assert sorted(kiln.__all__) == kiln.__all__
     assert public == kiln.__all__
+
+
+def test_stores_public_surface_is_pinned():
+    """Issue 35: kiln.stores.__all__ is the public names only: the Store protocol and its
+    capabilities, the backends, open_store and wait_for_uploads (docs/fleets.md). What the face
+    binds for kiln's own layers (single-flight, store faults) is not in it."""
+    import kiln.stores
+
+    assert kiln.stores.__all__ == sorted(kiln.stores.__all__)
+    assert kiln.stores.__all__ == [
+        "Checkable", "Counting", "EntryStat", "LayeredStore", "Leasable", "Lease", "LocalStore",
+        "Maintainable", "MemoryStore", "NullStore", "Peekable", "Prunable", "Replaceable",
+        "Store", "open_store", "wait_for_uploads",
+    ]
+    assert all(hasattr(kiln.stores, n) for n in kiln.stores.__all__)
 
 
 def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln._base import FORMAT_VERSION
 from kiln.stores import LayeredStore, LocalStore, open_store
-from kiln.stores._entry import FORMAT_VERSION
 
 # A program whose XLA compile takes about a second on this machine: long enough that processes
 # released together all miss before the first one stores its entry (without single-flight each
@@ -552,7 +552,7 @@ def test_verify_lists_and_removes_junk_keys_in_redis(redis_url, capsys, monkeypa
     counters and entries are left alone (issue 24)."""
     import redis
 
-    from kiln.stores._entry import FORMAT_VERSION
+    from kiln._base import FORMAT_VERSION
 
     monkeypatch.setenv("KILN_SIGNING_KEY", "k")
     with kiln.config_context(store=redis_url, signing_key="k", remote_mode="remote-only"):

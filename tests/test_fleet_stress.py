@@ -19,8 +19,8 @@ import time
 import pytest
 
 import kiln
+from kiln._base import decode
 from kiln.stores import LocalStore, open_store
-from kiln.stores._entry import decode
 
 SECRET = "stress-secret"
 KEYS = 12  # overlapping: 8 processes share 12 keys
@@ -29,7 +29,7 @@ WORKER = r'''
 import hashlib, json, random, sys
 
 from kiln import get_config
-from kiln.stores._entry import decode, encode
+from kiln._base import decode, encode
 from kiln.stores import open_store
 
 SECRET = "stress-secret"

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import pytest
 
 import kiln
+from kiln._base import decode, encode
 from kiln._travel import _jax_cache
 from kiln.stores import LocalStore
-from kiln.stores._entry import decode, encode
 
 JAX_WRITES_CALLBACKS = jax.__version_info__ >= (0, 11)
 

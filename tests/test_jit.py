@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.stores._entry import FORMAT_VERSION, MAGIC
+from kiln._base import FORMAT_VERSION, MAGIC
 
 
 def _entry_files(cache):

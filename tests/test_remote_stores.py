@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from kiln._base import FORMAT_VERSION, encode
 from kiln._base._errors import StoreError
 from kiln.stores import _fsspec
 from kiln.stores._base import EntryStat, Leasable, Lease, Store
-from kiln.stores._entry import FORMAT_VERSION, encode
 from kiln.stores._fsspec import FsspecStore
 from kiln.stores._redis import RedisStore
 

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln._base import decode, encode
 from kiln._cli import main
-from kiln.stores._entry import decode, encode
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="mounting a tmpfs and setpriv need root")

@@ -16,12 +16,12 @@ from ._base import Stats as Stats
 from ._base import StoreError as StoreError
 from ._base import StoreWarning as StoreWarning
 from ._base import VerifyError as VerifyError
+from ._base import __version__ as __version__
 from ._base import config_context as config_context
 from ._base import configure as configure
 from ._base import get_config as get_config
 from ._base import reset_stats as reset_stats
 from ._base import stats as stats
-from ._base._version import __version__ as __version__
 
 if _typing.TYPE_CHECKING:
     # the names whose modules import jax (_JAX_NAMES says where each comes from)

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..stores._entry import short_key
+from .._base import short_key
 from ._common import open_store, start_jax
 from ._render import count_entries, human_size, note, show
 

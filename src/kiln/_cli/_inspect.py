@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._base import is_key, recorded_parts, short_key
 from ..stores import Counting, Store
 from ..stores import _inventory as inventory
-from ..stores._entry import recorded_parts, short_key
 from ._common import open_store
 from ._render import ago, columns, human_size, note, show
 
@@ -79,7 +79,7 @@ def _rows(store: Store) -> list[_Row]:
             st, header = None, None
         if st is None and header is None:
             # Vanished since iter() (pruned concurrently), or not an entry at all.
-            if not _looks_like_key(key):
+            if not is_key(key):
                 rows.append(_Row(key, "unreadable", "<unreadable>", "-", 0, None, None, None))
             continue
         size = st.size if st else 0
@@ -118,10 +118,6 @@ def _rows(store: Store) -> list[_Row]:
         r.used_by = sorted(callers.get(r.function, ()))
     rows.sort(key=lambda r: (r.function, r.created or 0.0, r.key))
     return rows
-
-
-def _looks_like_key(key: str) -> bool:
-    return len(key) >= 8 and all(c in "0123456789abcdef" for c in key)
 
 
 # -- kiln ls -------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def _common(suppress: bool) -> _Parser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .._base._version import __version__
+    from .._base import __version__
 
     parser = _Parser(
         prog="kiln",

@@ -8,9 +8,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from .._base import KilnError, _config
+from .._base import KilnError, _config, short_key
 from ..stores import _inventory as inventory
-from ..stores._entry import short_key
 from ._common import Failure, open_store
 from ._render import count_entries, human_size, note, say, show
 

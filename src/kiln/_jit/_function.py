@@ -38,8 +38,7 @@ import jax
 
 from .._base import Config, _jax_compat, _stats
 from .._keys import STATIC_LEAF, _args, script_module
-from .._miss import Box, Call, _explain, _tier_up, abstract_sig, with_static_outputs
-from .._miss._compile import _Miss
+from .._miss import Box, Call, Miss, _explain, _tier_up, abstract_sig, with_static_outputs
 from .._travel import _jax_cache, _pickling
 from . import _dispatch, _prepare, _stages
 from ._dispatch import unwrapped
@@ -319,11 +318,11 @@ class JitFunction:
         call = self._prepare(args, kwargs)
         if call.key is None or call.key is TO_JAX:
             return self._jax_jit.lower(*args, **kwargs)
-        made: list[_Miss] = []
+        made: list[Miss] = []
 
-        def miss() -> _Miss:
+        def miss() -> Miss:
             if not made:
-                made.append(_Miss(self, call))
+                made.append(Miss(self, call))
             return made[0]
 
         def lower_program() -> jax.stages.Lowered:
@@ -369,13 +368,13 @@ class JitFunction:
             self._wrappers.clear()
 
     # -- misses -------------------------------------------------------------------------------
-    def _miss(self, call: Call, miss: _Miss | None = None) -> Any:
+    def _miss(self, call: Call, miss: Miss | None = None) -> Any:
         with self._lock:
             executable = self._table.get(call.key)
             if executable is not None:
                 return executable
             if miss is None:
-                miss = _Miss(self, call)
+                miss = Miss(self, call)
             if _jax_compat.jit_disabled():
                 self._table[call.key] = miss.uncompiled
                 return miss.uncompiled

@@ -30,8 +30,7 @@ import jax
 import numpy as np
 
 from .._base import KilnError
-from .._miss import DERIVE, avals_of, derived_name, noinline_p, split_linear
-from .._miss._noinline_p import _Sub
+from .._miss import DERIVE, Sub, avals_of, derived_name, noinline_p, split_linear
 from .._travel import _pickling
 from . import _api
 
@@ -81,7 +80,7 @@ class NoinlineFunction:
             (p.name, p.kind == p.POSITIONAL_ONLY) for p in params
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        self._subs: dict[Any, tuple[_Sub, _OutTree]] = {}
+        self._subs: dict[Any, tuple[Sub, _OutTree]] = {}
         self._dispatch: dict[Any, _ArgumentCallee] = {}
         self._lock = threading.Lock()
         with _registry_lock:
@@ -145,7 +144,7 @@ class NoinlineFunction:
 
                 name = f"{getattr(fun, '__qualname__', 'fun')}[noinline]"
                 module = getattr(fun, "__module__", None) or "__main__"
-                sub = _Sub(flat, name, module, _api.jit, tier_up=self._tier_up)
+                sub = Sub(flat, name, module, _api.jit, tier_up=self._tier_up)
                 got = self._subs[key] = (sub, out)
             return got
 
@@ -314,8 +313,8 @@ class _ArgumentCallee:
         self._derived: dict[Any, _ArgumentCallee] = {}
         self._lock = threading.Lock()
 
-    def resolve(self, f: NoinlineFunction) -> _Sub:
-        sub: _Sub = f._sub(*self.call)[0]
+    def resolve(self, f: NoinlineFunction) -> Sub:
+        sub: Sub = f._sub(*self.call)[0]
         for step in self.path:
             sub = DERIVE[step[0]](sub, *step[1:])
         return sub

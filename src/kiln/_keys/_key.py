@@ -43,8 +43,7 @@ from typing import Any
 import jax
 import jaxlib
 
-from .._base import _jax_compat
-from ..stores._entry import FORMAT_VERSION, short_key
+from .._base import FORMAT_VERSION, _jax_compat, _version, short_key
 from . import _args
 from ._compile_settings import compile_settings_parts
 from ._machine import machine_part
@@ -68,14 +67,12 @@ _EXTRA_CONFIG = (
 
 @functools.lru_cache(maxsize=1)
 def _static_environment() -> tuple[tuple[str, str], ...]:
-    from .._base._version import __version__
-
     devices = jax.devices()
     d0 = devices[0]
     backend = d0.client
     return (
         ("format", str(FORMAT_VERSION)),
-        ("kiln", __version__),
+        ("kiln", _version.__version__),
         ("jax", jax.__version__),
         ("jaxlib", jaxlib.__version__),
         ("backend", f"{backend.platform} {backend.platform_version}"),

@@ -11,7 +11,9 @@ a :func:`kiln.noinline` call binds), ``_explain`` (``KILN_EXPLAIN``: why a call 
 """
 
 from ._call import Call as Call
+from ._compile import _Miss as Miss
 from ._noinline_p import DERIVE as DERIVE
+from ._noinline_p import _Sub as Sub
 from ._noinline_p import avals_of as avals_of
 from ._noinline_p import derived_name as derived_name
 from ._noinline_p import noinline_p as noinline_p
@@ -23,4 +25,4 @@ from ._outputs import with_static_outputs as with_static_outputs
 from ._tier_up import wait_for_tier_up as wait_for_tier_up
 
 __all__ = ["abstract_sig", "avals_of", "Box", "Call", "DERIVE", "derived_name", "is_static_output",
-           "noinline_p", "split_linear", "wait_for_tier_up", "with_static_outputs"]
+           "Miss", "noinline_p", "split_linear", "Sub", "wait_for_tier_up", "with_static_outputs"]

@@ -16,10 +16,9 @@ import logging
 import time
 from typing import Any
 
-from .._base import StoreError, _stats, get_config
+from .._base import StoreError, _stats, get_config, short_key
 from .._keys import manifest_for
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
-from ..stores._entry import short_key
 from . import _tier_up
 from ._call import Call, KilnFunction
 from ._call_keys import CallKeys

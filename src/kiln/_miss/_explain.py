@@ -20,9 +20,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._base import StoreError, _stats
+from .._base import StoreError, _stats, is_key, short_key
 from ..stores import Store
-from ..stores._entry import short_key
 
 __all__ = ["Explainer", "explain", "describe_persistent_miss", "describe_signature_change",
            "diff_parts"]
@@ -156,12 +155,11 @@ def describe_persistent_miss(
 
 # fingerprint parts that repeat a key part (static arguments) or only mark a position
 _NOISE = ("extra:", "value:static:", "container:static:")
-_HEX = frozenset("0123456789abcdef")
 
 
 def _short(v: str | None) -> str | None:
     """Hex digests shortened to 12 characters."""
-    if v is not None and len(v) >= 32 and set(v) <= _HEX:
+    if is_key(v, digest=True):
         return short_key(v)
     return v
 

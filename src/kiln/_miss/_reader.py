@@ -13,6 +13,7 @@ from typing import Any
 
 from .._base import (
     Config,
+    Entry,
     EntryError,
     StoreError,
     StoreWarning,
@@ -20,10 +21,11 @@ from .._base import (
     VerifyError,
     _jax_compat,
     _stats,
+    decode,
+    short_key,
 )
 from .._keys import check_manifest
 from ..stores import Store, store_fault, user_stacklevel
-from ..stores._entry import Entry, decode, short_key
 from ._call import KilnFunction
 from ._call_keys import CallKeys
 from ._explain import Explainer, describe_persistent_miss

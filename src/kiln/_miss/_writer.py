@@ -9,11 +9,10 @@ import time
 import warnings
 from typing import Any
 
-from .._base import Config, KilnWarning, StoreError, _jax_compat, _stats
+from .._base import Config, Entry, KilnWarning, StoreError, _jax_compat, _stats, encode
 from .._keys import is_user_object, make_key, manifest_for
 from .._travel import kiln_compiling
 from ..stores import RemoteSkipped, Replaceable, Store, store_fault, user_stacklevel
-from ..stores._entry import Entry, encode
 from . import _noinline_p
 from ._call import KilnFunction
 from ._call_keys import CallKeys

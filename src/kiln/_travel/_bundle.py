@@ -14,7 +14,7 @@ A bundle is one file, little-endian::
                    kiln._keys._machine), "created" (POSIX seconds), and
                    "entries": per entry, in file order, its "key", "kind", "function",
                    "signature", "size" (bytes) and "sha256" (hex digest of its bytes)
-    32+M     E     the entries, each a whole kiln entry (see kiln.stores._entry), back to back
+    32+M     E     the entries, each a whole kiln entry (see kiln._base._entry), back to back
     32+M+E   32    digest over bytes [0, 32+M+E)
 
 :func:`import_entries` checks the magic, version, lengths and the digest **before** any byte of
@@ -40,7 +40,6 @@ import hmac
 import json
 import logging
 import os
-import re
 import stat
 import struct
 import tempfile
@@ -51,12 +50,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .._base import BundleError, EntryError, StoreWarning, get_config
+from .._base import (
+    BundleError,
+    EntryError,
+    StoreWarning,
+    decode,
+    digest,
+    get_config,
+    is_key,
+    read_header,
+    recorded_parts,
+    short_key,
+)
 from .._keys import environment_parts
 from ..stores import Store, open_store
-from ..stores._base import read_header
-from ..stores._entry import decode, digest, recorded_parts, short_key
-from ..stores._inventory import peek
+from ..stores import _inventory as inventory
 
 __all__ = [
     "FORMAT_VERSION", "MAGIC", "Exported", "ImportReport", "ImportedEntry", "decode_bundle",
@@ -70,7 +78,6 @@ MAGIC = b"KILNBDL\x00"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIIQB7x")
 _DIGEST_SIZE = 32
-_KEY = re.compile(r"[0-9a-f]{64}")
 # The key parts an entry must share with this process to be loaded, with their names in reports.
 _CHECKED = {"format": "entry format", "kiln": "kiln", "jax": "jax", "jaxlib": "jaxlib",
             "backend": "platform", "device": "devices", "processes": "job topology",
@@ -137,7 +144,7 @@ def decode_bundle(
         offset = _PREFIX.size + mlen
         for row in rows:
             key, size, sha = row["key"], row["size"], row["sha256"]
-            if not (isinstance(key, str) and _KEY.fullmatch(key)):
+            if not is_key(key):
                 raise ValueError(f"entry key {str(key)[:70]!r} is not 64 hex characters")
             if not (isinstance(size, int) and 0 <= size <= end - offset):
                 raise ValueError(f"entry {short_key(key)} has size {size!r}, past the entries")
@@ -227,7 +234,7 @@ def write_bundle(
     skipped: list[tuple[str, str]] = []
     for key in sorted(store.iter()):
         try:
-            blob = peek(store, key)
+            blob = inventory.peek(store, key)
         except ValueError:  # a file in the store that is not named like a key
             continue
         except OSError as e:
@@ -462,7 +469,7 @@ def import_entries(path: str | os.PathLike[str]) -> ImportReport:
 def _holds(store: Store, key: str, blob: bytes, signing_key: str | None) -> bool:
     """Whether the store already has a valid entry under ``key`` (a bad one is replaced)."""
     try:
-        existing = peek(store, key)
+        existing = inventory.peek(store, key)
     except OSError:
         return False
     if existing is None:

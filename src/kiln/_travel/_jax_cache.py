@@ -48,13 +48,17 @@ import jaxlib
 import kiln_early
 
 from .._base import (
+    FORMAT_VERSION,
     EntryError,
     KilnError,
     StoreError,
     UnverifiableEntry,
     _jax_compat,
     _stats,
+    decode,
+    encode,
     get_config,
+    short_key,
 )
 from .._keys import machine, make_key
 from ..stores import (
@@ -67,7 +71,6 @@ from ..stores import (
     reporting,
     store_fault,
 )
-from ..stores._entry import FORMAT_VERSION, decode, encode, short_key
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]

@@ -19,9 +19,8 @@ from typing import Any
 
 import cloudpickle
 
-from .._base import EntryError, StoreError, StoreWarning, get_config
+from .._base import EntryError, StoreError, StoreWarning, decode, get_config, short_key
 from ..stores import Store, open_store
-from ..stores._entry import decode, short_key
 
 __all__ = ["carried_entries", "name_if_found", "portable", "store_carried"]
 

@@ -33,10 +33,14 @@ from ._local import LocalStore as LocalStore
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
-__all__ = ["Checkable", "Counting", "EntryStat", "Flight", "Held", "LayeredStore", "Leasable",
-           "Lease", "LocalStore", "Maintainable", "MemoryStore", "NullStore", "Peekable",
-           "Prunable", "RemoteSkipped", "Replaceable", "Store", "await_or_lease", "open_store",
-           "reporting", "store_fault", "user_stacklevel", "wait_for_uploads"]
+# The public names (docs/how-it-works.md, docs/fleets.md). The face binds kiln's own names too,
+# for the layers above, which import them from here and never from a module of this folder:
+# single-flight (Flight, Held, await_or_lease), a failing store (reporting, store_fault,
+# user_stacklevel) and RemoteSkipped (a write the layered store skipped); they take _inventory
+# (sizes, strays, verify, prune, clear) as a module (tests/test_layers.py, FACE_MODULES).
+__all__ = ["Checkable", "Counting", "EntryStat", "LayeredStore", "Leasable", "Lease", "LocalStore",
+           "Maintainable", "MemoryStore", "NullStore", "Peekable", "Prunable", "Replaceable",
+           "Store", "open_store", "wait_for_uploads"]
 
 _cache: dict[tuple[Any, ...], Store] = {}
 _lock = threading.Lock()

@@ -9,11 +9,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from .._base import EntryError
-from ._entry import peek_header
-
 __all__ = ["Checkable", "Counting", "EntryStat", "Leasable", "Lease", "Maintainable", "Peekable",
-           "Prunable", "Replaceable", "Store", "read_header"]
+           "Prunable", "Replaceable", "Store"]
 
 
 @dataclass(frozen=True)
@@ -198,12 +195,3 @@ class Counting(Protocol):
         """The counters added so far, by name."""
         ...
 
-
-def read_header(blob: bytes | None) -> dict[str, Any] | None:
-    """Header of a blob, or ``None`` when the blob is missing or unreadable."""
-    if blob is None:
-        return None
-    try:
-        return peek_header(blob)
-    except EntryError:
-        return None

@@ -1,10 +1,10 @@
 """A store on any fsspec file system: object stores (``s3://bucket/prefix``, ``gs://``,
 ``az://``) and others (``memory://`` for tests).
 
-Layout under the URL (``N`` is :data:`kiln.stores._entry.FORMAT_VERSION`, so kilns that read
+Layout under the URL (``N`` is :data:`kiln._base._entry.FORMAT_VERSION`, so kilns that read
 different formats never meet)::
 
-    vN/entries/<key[:2]>/<key>.kiln    one entry blob per object (kiln.stores._entry: its bytes)
+    vN/entries/<key[:2]>/<key>.kiln    one entry blob per object (kiln._base._entry: its bytes)
     vN/used/<key>                      empty; its modification time is the entry's last use
     vN/counters/<host>.<pid>.<random>.json   counters one process recorded at exit
                                        (``add_counts``; ``counts`` sums them)
@@ -58,9 +58,8 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from .._base import EntryError, StoreError
+from .._base import FORMAT_VERSION, EntryError, StoreError, is_key, peek_header, short_key
 from ._base import EntryStat
-from ._entry import FORMAT_VERSION, peek_header, short_key
 from ._redis import redact_url
 
 __all__ = ["FsspecStore"]
@@ -78,10 +77,6 @@ _MIN_RATE = 1 << 20  # bytes per second: a write slower than this counts as hung
 # keys of fsspec's info() that hold a modification time, most specific first
 _MTIME_FIELDS = ("LastModified", "mtime", "updated", "last_modified", "modified", "created",
                  "timeCreated")
-
-
-def _looks_like_key(name: str) -> bool:
-    return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
 
 
 def _env_options(protocols: tuple[str, ...]) -> dict[str, Any]:
@@ -285,7 +280,7 @@ class FsspecStore:
                              "it, or fix the URL in --store / KILN_STORE)")
 
     def _entry(self, key: str) -> str:
-        if not _looks_like_key(key):
+        if not is_key(key):
             raise ValueError(f"store key must be lowercase hex, got {key!r}")
         return f"{self._base}/entries/{key[:2]}/{key}.kiln"
 
@@ -364,7 +359,7 @@ class FsspecStore:
         for path, info in self._listing(self._entries_dir()).items():
             parent, _, name = path.rpartition("/")
             key = name[: -len(".kiln")]
-            if (name.endswith(".kiln") and _looks_like_key(key)
+            if (name.endswith(".kiln") and is_key(key)
                     and parent.endswith(f"/{key[:2]}")):
                 out[key] = info
         return out

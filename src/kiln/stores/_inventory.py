@@ -12,9 +12,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._base import KilnError, StoreError, UnverifiableEntry
+from .._base import KilnError, StoreError, UnverifiableEntry, decode
 from ._base import Maintainable, Peekable, Prunable, Store
-from ._entry import decode
 
 __all__ = ["Cleared", "Pruned", "Verdict", "clear", "entry_sizes", "peek", "prune", "strays",
            "temp_usage", "verify"]

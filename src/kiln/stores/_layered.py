@@ -41,10 +41,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .._base import StoreError, StoreWarning, _stats
+from .._base import StoreError, StoreWarning, _stats, short_key
 from . import _inventory
 from ._base import Counting, EntryStat, Leasable, Lease, Replaceable, Store
-from ._entry import short_key
 from ._faults import store_fault
 
 __all__ = ["LayeredStore", "RemoteSkipped", "wait_for_uploads"]

@@ -2,7 +2,7 @@
 
 Layout under ``root``::
 
-    entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln.stores._entry for its bytes)
+    entries/<key[:2]>/<key>.kiln    one entry blob per file (see kiln._base._entry for its bytes)
     leases/keys.lock                single-flight: while a process compiles a key it holds an OS
                                     lock on one byte of this file, at an offset made from the key
                                     (Linux open-file-description locks, ``F_OFD_SETLK``; the OS
@@ -68,9 +68,8 @@ try:
 except ImportError:  # (Windows: filelock's own lock)
     fcntl = None  # type: ignore[assignment]
 
-from .._base import EntryError, StoreError
+from .._base import EntryError, StoreError, is_key, peek_header
 from ._base import EntryStat
-from ._entry import peek_header
 
 __all__ = ["LocalStore"]
 
@@ -85,10 +84,6 @@ _HEADER_READ = 1 << 16
 _TEMP_MAX_AGE = 3600.0  # seconds: no write of one entry takes this long
 _LEASE_MIN_AGE = 60.0  # seconds: prune leaves a newer lease file (about to be locked)
 _HOST = socket.gethostname().replace(".", "_")[:32] or "host"
-
-
-def _looks_like_key(name: str) -> bool:
-    return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
 
 
 def _temp_is_abandoned(tmp: Path, now: float) -> bool:
@@ -137,7 +132,7 @@ def _index_errors(path: Path) -> Iterator[None]:
 
 def _is_entry_file(p: Path) -> bool:
     """A regular file (not a link) named ``<hex key>.kiln``."""
-    if not _looks_like_key(p.stem):
+    if not is_key(p.stem):
         return False
     try:
         return stat.S_ISREG(p.lstat().st_mode)
@@ -145,7 +140,6 @@ def _is_entry_file(p: Path) -> bool:
         return False
 
 
-_HEX = frozenset("0123456789abcdef")
 _TOUCH_EVERY = 1.0  # seconds between index writes of reads (LRU order)
 _open_stores: weakref.WeakSet[LocalStore] = weakref.WeakSet()
 
@@ -188,7 +182,7 @@ class LocalStore:
 
     # -- helpers -------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
-        if len(key) < 8 or not _HEX.issuperset(key):
+        if not is_key(key):
             raise ValueError(f"store key must be lowercase hex, got {key!r}")
         return self._entries / key[:2] / f"{key}.kiln"
 
@@ -291,7 +285,7 @@ class LocalStore:
                 st = path.lstat()
             except OSError:
                 continue
-            if _looks_like_key(path.stem) and stat.S_ISREG(st.st_mode):
+            if is_key(path.stem) and stat.S_ISREG(st.st_mode):
                 rows.append((path.stem, st.st_size, st.st_mtime, st.st_mtime))
         db.execute("DELETE FROM entries")
         db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)", rows)
@@ -613,7 +607,7 @@ class LocalStore:
         for path in self._entries.glob("*/*.kiln"):
             with contextlib.suppress(OSError):
                 st = path.lstat()
-                if _looks_like_key(path.stem) and stat.S_ISREG(st.st_mode):
+                if is_key(path.stem) and stat.S_ISREG(st.st_mode):
                     on_disk[path.stem] = st
         db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
                        [(k, st.st_size, st.st_mtime, st.st_mtime)
@@ -635,7 +629,7 @@ class LocalStore:
         ).fetchall():
             if total <= max_size:
                 break
-            if key == keep or not _looks_like_key(key):
+            if key == keep or not is_key(key):
                 continue
             evicted.append(key)
             total -= size

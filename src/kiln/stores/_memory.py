@@ -7,7 +7,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._base import EntryStat, read_header
+from .._base import read_header
+from ._base import EntryStat
 
 __all__ = ["MemoryStore", "NullStore"]
 

@@ -1,9 +1,9 @@
 """A store in Redis (``redis://host:port/db``, ``rediss://`` for TLS, ``unix:///path?db=N``).
 
-Layout (``N`` is :data:`kiln.stores._entry.FORMAT_VERSION`, so kilns that read different formats
+Layout (``N`` is :data:`kiln._base._entry.FORMAT_VERSION`, so kilns that read different formats
 never meet)::
 
-    kiln:vN:entry:<key>    string: the entry blob (see kiln.stores._entry for its bytes)
+    kiln:vN:entry:<key>    string: the entry blob (see kiln._base._entry for its bytes)
     kiln:vN:lease:<key>    string: the token of the process compiling <key> (with an expiry)
     kiln:vN:counters       hash: counters processes recorded at exit (``add_counts``)
 
@@ -40,18 +40,13 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-from .._base import EntryError, StoreError
+from .._base import FORMAT_VERSION, EntryError, StoreError, is_key, peek_header
 from ._base import EntryStat
-from ._entry import FORMAT_VERSION, peek_header
 
 __all__ = ["RedisStore"]
 
 _HEADER_READ = 1 << 16  # bytes read for a header (GETRANGE) before falling back to the blob
 _BATCH = 500  # keys per pipelined round trip in listings
-
-
-def _looks_like_key(name: str) -> bool:
-    return len(name) >= 8 and all(c in "0123456789abcdef" for c in name)
 
 
 class RedisStray(str):
@@ -189,7 +184,7 @@ class RedisStore:
                           f"{self._clean(e)}") from None
 
     def _entry(self, key: str) -> str:
-        if not _looks_like_key(key):
+        if not is_key(key):
             raise ValueError(f"store key must be lowercase hex, got {key!r}")
         return f"{self._prefix}entry:{key}"
 
@@ -198,7 +193,7 @@ class RedisStore:
         start = len(self._prefix) + len("entry:")
         for name in self._redis.scan_iter(match=f"{self._prefix}entry:*", count=_BATCH):
             key = name[start:].decode("ascii", "replace")
-            if _looks_like_key(key):
+            if is_key(key):
                 yield key, name
 
     def _untouched(self, *commands: tuple[Any, ...]) -> list[Any]:
@@ -296,7 +291,7 @@ class RedisStore:
                 name = raw.decode("utf-8", "replace")
                 if name == f"{self._prefix}counters" or name.startswith(lease):
                     continue
-                if name.startswith(entry) and _looks_like_key(name[len(entry):]):
+                if name.startswith(entry) and is_key(name[len(entry):]):
                     continue
                 out.append(RedisStray(name))
         return sorted(out)

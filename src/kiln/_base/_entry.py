@@ -1,4 +1,4 @@
-"""The on-disk (and in-store) format of one entry.
+"""The on-disk (and in-store) format of one entry, and what its key looks like (:func:`is_key`).
 
 An entry is one blob, little-endian::
 
@@ -34,10 +34,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .._base import EntryError, UnverifiableEntry
+from ._errors import EntryError, UnverifiableEntry
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Entry", "encode", "decode", "digest", "peek_header",
-           "recorded_parts", "short_key"]
+__all__ = ["FORMAT_VERSION", "KEY_LENGTH", "MAGIC", "Entry", "encode", "decode", "digest",
+           "is_key", "peek_header", "read_header", "recorded_parts", "short_key"]
 
 MAGIC = b"KILNENT\x00"
 #: Bump on any change of the byte layout, the header schema, key derivation or static hashing.
@@ -48,6 +48,9 @@ MAGIC = b"KILNENT\x00"
 FORMAT_VERSION = 4
 _PREFIX = struct.Struct("<8sIIQB7x")
 _DIGEST_SIZE = 32
+#: Characters in a key: the hex digest of a sha256 (kiln._keys.make_key).
+KEY_LENGTH = 64
+_HEX = frozenset("0123456789abcdef")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,26 @@ def digest(data: bytes | memoryview, signing_key: str | None) -> bytes:
     if signing_key:
         return hmac.new(signing_key.encode(), data, hashlib.sha256).digest()
     return hashlib.sha256(data).digest()
+
+
+def is_key(text: object, *, digest: bool = False) -> bool:
+    """Whether ``text`` is a kiln key: a ``str`` of :data:`KEY_LENGTH` (64) lowercase hex
+    characters, the sha256 hex digest :func:`kiln._keys.make_key` returns. Stores name entries
+    by it (a store refuses any other key, and lists a file or object named otherwise as a
+    stray, never as an entry); a bundle's manifest must name each entry by one.
+
+    ``digest``: any lowercase hex digest of 32 characters or more instead (a fingerprint or a
+    static digest, 32 characters; a key): the values messages shorten with :func:`short_key`.
+
+    Example:
+        >>> is_key("ab" * 32), is_key("AB" * 32), is_key("ab" * 16), is_key("ab" * 16, digest=True)
+        (True, False, False, True)
+    """
+    if not isinstance(text, str):
+        return False
+    if len(text) < 32 if digest else len(text) != KEY_LENGTH:
+        return False
+    return _HEX.issuperset(text)
 
 
 def short_key(key: object) -> str:
@@ -151,6 +174,16 @@ def peek_header(blob: bytes) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise EntryError("entry header is not a JSON object")
     return header
+
+
+def read_header(blob: bytes | None) -> dict[str, Any] | None:
+    """Header of a blob, or ``None`` when the blob is missing or unreadable."""
+    if blob is None:
+        return None
+    try:
+        return peek_header(blob)
+    except EntryError:
+        return None
 
 
 def recorded_parts(header: dict[str, Any]) -> dict[str, Any]:
