@@ -95,8 +95,11 @@ PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]] | None,
     "blackjax_nuts": (LIB / "blackjax_nuts.py", None, ([], {}), "jax, blackjax, sklearn.datasets"),
     "haiku_digits": (LIB / "haiku_digits.py", None, ([], {}),
                      "jax, haiku, optax, sklearn.datasets"),
-    "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", None, ([], {}), "jax, jax_md"),
-    "mjx_humanoid": (LIB / "mjx_humanoid.py", None, ([], {}), "jax, mujoco, mujoco.mjx"),
+    # (these two have a jit of the user's own: EXAMPLE_JIT=kiln makes it kiln.jit)
+    "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),
+                      "jax, jax_md"),
+    "mjx_humanoid": (LIB / "mjx_humanoid.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),
+                     "jax, mujoco, mujoco.mjx"),
 }
 
 # mode: (its cold run's name, its warm runs' name)
