@@ -5,12 +5,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 from kiln._base._config import parse_size
@@ -144,8 +144,7 @@ def test_temp_files_of_killed_writers_are_swept(tmp_path):
     os.utime(old, (1, 1))  # long ago
     unknown = folder / ".0000000000000001.def.tmp"  # an unknown writer: maybe alive
     unknown.write_bytes(b"half")
-    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                            capture_output=True, text=True, check=True)
+    exited = run_child([sys.executable, "-c", "import os; print(os.getpid())"], check=True)
     dead_pid = int(exited.stdout)
     dead = folder / f".0000000000000001.{_local._HOST}.{dead_pid}.ghi.tmp"
     dead.write_bytes(b"half")
@@ -295,7 +294,7 @@ def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(
         f"s.put({_key(3)!r}, b'c' * 400)\n"
         "os._exit(0)\n"  # killed: no batch, no exit handler
     )
-    subprocess.run([sys.executable, "-c", script], check=True)
+    run_child([sys.executable, "-c", script], env=child_env(KILN_JAX_CACHE="0"), check=True)
     store = LocalStore(root)
     assert set(store.iter()) == {_key(1), _key(2), _key(3)}  # every entry is there, whole
     assert store.total_size() == 100  # only the first row reached the index
@@ -337,8 +336,8 @@ def test_a_forked_child_does_not_keep_its_parent_s_lease(tmp_path: Path) -> None
     """A lease is an flock, which belongs to the open file and is shared across fork: a child
     forked while its parent compiles closes its copy, so the parent's release frees the key.
     (In a fresh process: forking this one, with JAX's threads, is not safe.)"""
-    proc = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, str(tmp_path / "s")],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_child([sys.executable, "-c", _FORK_SCRIPT, tmp_path / "s"],
+                     env=child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True"]  # held by the parent; then free at once
 
@@ -360,8 +359,8 @@ def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "s" / "leases").rglob("*")) == ["keys.lock"]
     code = (f"from kiln.stores import LocalStore; s = LocalStore({str(tmp_path / 's')!r}); "
             f"print(s.lease({_key(1)!r}, 30).acquire(), s.lease({_key(3)!r}, 30).acquire())")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_child([sys.executable, "-c", code], env=child_env(KILN_JAX_CACHE="0"),
+                     timeout=120)
     assert proc.stdout.split() == ["False", "True"], proc.stderr
     held.release()
     other.release()
@@ -404,8 +403,8 @@ def test_a_forked_child_releasing_an_inherited_lease_closes_nothing_of_its_own(
     """A lease taken before a fork, released in the child (kiln's route does that on the
     child's first miss), used to close whatever file of the child's had got the lease's
     descriptor number: the child's own file, or its own lease on another key."""
-    proc = subprocess.run([sys.executable, "-c", _FORK_CHILD_RELEASE_SCRIPT, str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_child([sys.executable, "-c", _FORK_CHILD_RELEASE_SCRIPT, tmp_path],
+                     env=child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     # the child's file still writable; its own lease still held; the parent's still held
     assert proc.stdout.split() == ["True", "False", "False"]
@@ -451,8 +450,8 @@ def test_a_fork_during_another_thread_s_acquire_leaves_the_child_no_lock(
     close) used to give the child a descriptor holding the lock that the child never closed:
     the key stayed locked while the child lived, after the parent released it (215 of 300
     forks in a stress run)."""
-    proc = subprocess.run([sys.executable, "-c", _FORK_MID_ACQUIRE_SCRIPT, str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_child([sys.executable, "-c", _FORK_MID_ACQUIRE_SCRIPT, tmp_path],
+                     env=child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True"]
 

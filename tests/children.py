@@ -1,0 +1,91 @@
+"""The one harness for the processes the tests start: what a child inherits, and how it runs.
+
+A child starts from this process's environment less every variable that changes what kiln,
+jax, XLA or pytest do (``KILN_*``, ``JAX_*``, ``XLA_*``, ``PYTEST_*``: a child pytest took the
+parent's ``PYTEST_XDIST_WORKER``, and pytest-benchmark, where installed, warned there that
+xdist was active, an INTERNALERROR under ``filterwarnings = error``) and less ``PYTHONPATH``;
+the folder of the kiln under test comes first on its ``PYTHONPATH`` (a run with
+``PYTHONPATH=<worktree>/src`` tests that worktree's kiln in its children too); then what the
+test sets. A variable a test means its child to see, ``XLA_FLAGS`` with a device count say,
+the test passes itself.
+
+``tests/conftest.py`` loads this file as the module ``kiln_test_children`` (test modules
+cannot import each other under ``--import-mode=importlib``)::
+
+    from kiln_test_children import child_env, run_child
+
+    proc = run_child([sys.executable, "-c", PROG], env=child_env(KILN_CACHE_DIR=str(store)))
+
+``tests/test_children.py`` fails on a test file that builds a child's environment or starts a
+process on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import kiln
+
+SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_", "PYTEST_")
+
+# The folder the kiln under test was imported from, when it is a source checkout.
+KILN_SRC: str | None = str(Path(kiln.__file__).resolve().parents[1])
+if KILN_SRC.endswith(("site-packages", "dist-packages")):
+    KILN_SRC = None
+
+
+def child_env(**settings: str | None) -> dict[str, str]:
+    """A child's environment: this one's less ``SCRUB_PREFIXES`` and ``PYTHONPATH``, the kiln
+    under test first on ``PYTHONPATH``, then ``settings``. A ``PYTHONPATH`` given is put after
+    kiln's folder; a setting of ``None`` leaves the variable out (``PYTHONPATH=None``: no
+    ``PYTHONPATH`` at all, for a child that must import an installed kiln)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(SCRUB_PREFIXES) and k != "PYTHONPATH"}
+    if "PYTHONPATH" not in settings or settings["PYTHONPATH"] is not None:
+        path = os.pathsep.join(p for p in (KILN_SRC, settings.pop("PYTHONPATH", None)) if p)
+        if path:
+            env["PYTHONPATH"] = path
+    for name, value in settings.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def run_child(argv: Sequence[str | os.PathLike[str]], *, env: dict[str, str] | None = None,
+              cwd: str | Path | None = None, timeout: float = 300,
+              check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end (``env``: a :func:`child_env`; by default ``child_env()``), its
+    stdout and stderr kept as text; ``check``: raise ``CalledProcessError`` on a non-zero exit."""
+    return subprocess.run([os.fspath(a) for a in argv], env=child_env() if env is None else env,
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def start_child(argv: Sequence[str | os.PathLike[str]], *,
+                env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                stdout: int | IO[Any] | None = subprocess.PIPE,
+                stderr: int | IO[Any] | None = subprocess.PIPE) -> subprocess.Popen[str]:
+    """Start ``argv`` (``env``: a :func:`child_env`; by default ``child_env()``); its output
+    piped, as text, unless ``stdout`` / ``stderr`` say otherwise."""
+    return subprocess.Popen([os.fspath(a) for a in argv],
+                            env=child_env() if env is None else env, cwd=cwd, stdout=stdout,
+                            stderr=stderr, text=True)
+
+
+def finish_child(proc: subprocess.Popen[str], what: str,
+                 timeout: float = 600) -> tuple[str, str]:
+    """Wait for a started child (killed if it is still running when the wait ends) and return
+    its stdout and stderr; fail, with ``what`` and its stderr's tail, unless it exited 0."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"{what} failed:\n{err[-6000:]}"
+    return out, err
