@@ -1,7 +1,8 @@
 """The one harness for the processes the tests start: what a child inherits, and how it runs.
 
 A child starts from this process's environment less every variable that changes what kiln,
-jax, XLA or pytest do (``KILN_*``, ``JAX_*``, ``XLA_*``, ``PYTEST_*``: a child pytest took the
+jax, XLA, equinox or pytest do (``KILN_*``, ``JAX_*``, ``XLA_*``, ``EQX_*``, ``PYTEST_*``: equinox
+reads ``EQX_ON_ERROR`` and ``EQX_GETKEY_SEED`` from it, and a child pytest took the
 parent's ``PYTEST_XDIST_WORKER``, and pytest-benchmark, where installed, warned there that
 xdist was active, an INTERNALERROR under ``filterwarnings = error``) and less ``PYTHONPATH``;
 the folder of the kiln under test comes first on its ``PYTHONPATH`` (a run with
@@ -30,7 +31,7 @@ from typing import IO, Any
 
 import kiln
 
-SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_", "PYTEST_")
+SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_", "EQX_", "PYTEST_")
 
 # The folder the kiln under test was imported from, when it is a source checkout.
 KILN_SRC: str | None = str(Path(kiln.__file__).resolve().parents[1])
