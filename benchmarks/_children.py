@@ -16,23 +16,30 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
 
 
-def child_env(**settings: str | None) -> dict[str, str]:
-    """A child's environment: this one's less ``SCRUB_PREFIXES``, then ``settings`` (a setting
-    of ``None`` leaves that variable out)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUB_PREFIXES)}
+def environment(scrub: tuple[str, ...], settings: Mapping[str, str | None]) -> dict[str, str]:
+    """This process's environment less the variables whose names start with one of ``scrub``,
+    then ``settings`` (a setting of ``None`` leaves that variable out). The tests' harness
+    (``tests/children.py``) builds its rule on this one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(scrub)}
     for name, value in settings.items():
         if value is None:
             env.pop(name, None)
         else:
             env[name] = value
     return env
+
+
+def child_env(**settings: str | None) -> dict[str, str]:
+    """A child's environment: this one's less ``SCRUB_PREFIXES``, then ``settings`` (a setting
+    of ``None`` leaves that variable out)."""
+    return environment(SCRUB_PREFIXES, settings)
 
 
 def _shown(argv: Sequence[str]) -> str:

@@ -23,10 +23,12 @@ process on its own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 import kiln
@@ -39,22 +41,29 @@ if KILN_SRC.endswith(("site-packages", "dist-packages")):
     KILN_SRC = None
 
 
+def _benchmarks_harness() -> ModuleType:
+    """``benchmarks/_children.py``, whose ``environment`` (this process's environment less some
+    prefixes, then the settings) the tests' rule is built on; loaded by path."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "_children.py"
+    spec = importlib.util.spec_from_file_location("kiln_benchmark_children", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_environment = _benchmarks_harness().environment
+
+
 def child_env(**settings: str | None) -> dict[str, str]:
     """A child's environment: this one's less ``SCRUB_PREFIXES`` and ``PYTHONPATH``, the kiln
     under test first on ``PYTHONPATH``, then ``settings``. A ``PYTHONPATH`` given is put after
     kiln's folder; a setting of ``None`` leaves the variable out (``PYTHONPATH=None``: no
     ``PYTHONPATH`` at all, for a child that must import an installed kiln)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(SCRUB_PREFIXES) and k != "PYTHONPATH"}
-    if "PYTHONPATH" not in settings or settings["PYTHONPATH"] is not None:
-        path = os.pathsep.join(p for p in (KILN_SRC, settings.pop("PYTHONPATH", None)) if p)
-        if path:
-            env["PYTHONPATH"] = path
-    for name, value in settings.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
+    path = settings.pop("PYTHONPATH", "")
+    if path is not None:
+        path = os.pathsep.join(p for p in (KILN_SRC, path) if p) or None
+    env: dict[str, str] = _environment(SCRUB_PREFIXES, {**settings, "PYTHONPATH": path})
     return env
 
 
