@@ -212,9 +212,10 @@ def test_waiter_takes_over_when_the_holder_is_killed(xp, tmp_path, fleet):
     xp.assert_cold(first["f"])
     key = _only_key(prog, kind, url)
     _delete(prog, kind, url, key)
-    env = child_env(**_env(kind, url, 1), KILN_LEASE_SECONDS="2", JAX_PLATFORMS="cpu",
-                    KILN_JAX_CACHE="0", KILN_CACHE_DIR=str(prog.dir / "host-1")
-                    if kind != "local" else str(prog.cache))
+    env = child_env(**{**_env(kind, url, 1), "KILN_LEASE_SECONDS": "2",
+                       "JAX_PLATFORMS": "cpu", "KILN_JAX_CACHE": "0",
+                       "KILN_CACHE_DIR": str(prog.dir / "host-1") if kind != "local"
+                       else str(prog.cache)})
     (prog.dir / "holder.py").write_text(HOLDER)
     holder = start_child([sys.executable, "holder.py", key], cwd=prog.dir, env=env)
     try:
