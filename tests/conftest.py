@@ -58,6 +58,14 @@ def servers() -> types.ModuleType:
     return _servers
 
 
+@pytest.fixture(scope="session")
+def children() -> types.ModuleType:
+    """``tests/children.py`` (``child_env``, ``run_child``...), for a test module that
+    ``multiprocessing`` imports again in its workers, where only this file's
+    ``kiln_test_children`` is not registered."""
+    return _children
+
+
 @pytest.fixture(autouse=True)
 def kiln_store(tmp_path, monkeypatch):
     """A private local store under tmp_path; process-wide settings restored afterwards."""

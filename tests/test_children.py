@@ -68,6 +68,20 @@ def test_every_allowed_line_is_still_there():
     assert [(f, piece) for f, piece in ALLOWED if piece not in text[f]] == []
 
 
+def test_a_module_multiprocessing_imports_again_takes_the_harness_as_a_fixture():
+    """``multiprocessing``'s spawned workers import a test module again, without conftest:
+    there ``from kiln_test_children import ...`` fails; the ``children`` fixture serves."""
+    offenders = []
+    for path in sorted(TESTS.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        uses = any(isinstance(n, ast.Name) and n.id == "multiprocessing" for n in ast.walk(tree))
+        imports = any(isinstance(n, ast.ImportFrom) and n.module == "kiln_test_children"
+                      for n in tree.body)
+        if uses and imports:
+            offenders.append(path.name)
+    assert offenders == []
+
+
 @pytest.mark.parametrize("line", [
     'env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}',
     'env = {**os.environ, "KILN_CACHE_DIR": str(store)}',
