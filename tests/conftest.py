@@ -47,7 +47,7 @@ def _load(stem: str) -> types.ModuleType:
 
 _servers = _load("servers")
 _children = _load("children")  # every child process's environment, and how it runs
-_load("helpers")
+_load("helpers")  # error_of
 redis_server, redis_url = _servers.redis_server, _servers.redis_url
 s3_server, s3_url = _servers.s3_server, _servers.s3_url
 
@@ -61,8 +61,8 @@ def servers() -> types.ModuleType:
 @pytest.fixture(scope="session")
 def children() -> types.ModuleType:
     """``tests/children.py`` (``child_env``, ``run_child``...), for a test module that
-    ``multiprocessing`` imports again in its workers, where only this file's
-    ``kiln_test_children`` is not registered."""
+    ``multiprocessing`` imports again in its workers: this file has not run there, so no
+    ``kiln_test_children`` to import."""
     return _children
 
 
