@@ -58,11 +58,12 @@ def _aliases(store: Any) -> list[Any]:
 
 def _entries(store: Any) -> dict[str, int]:
     """Entries of ``f`` in the store by kind (``kiln ls --json``), and its aliases."""
-    import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "kiln", "ls", "--json", "--store", str(store)],
-                         capture_output=True, text=True, check=True).stdout
+    from kiln_test_children import run_child
+
+    out = run_child([sys.executable, "-m", "kiln", "ls", "--json", "--store", str(store)],
+                    check=True).stdout
     kinds: dict[str, int] = {}
     for row in json.loads(out):
         if row["function"].endswith(".f"):
