@@ -106,3 +106,62 @@ def test_in_and_out_shardings_as_jax_jit_cold_warm_and_keyed(tmp_path):
     assert (warm["misses"], warm["hits"], warm["traces"]) == (0, 1, 0)
     # another out_shardings is another executable, never the stored one
     assert (col["misses"], col["hits"]) == (1, 0)
+
+
+SWAPPED = r'''
+import json
+from functools import partial
+
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data", "model")))
+w = jax.device_put(jnp.ones((8, 4)) * 0.5, NamedSharding(mesh, P("model", None)))
+
+
+@jax.jit
+def layer(x, w):
+    return jnp.tanh(x @ w / 8.0).sum(axis=1)
+
+
+@partial(jax.jit, out_shardings=NamedSharding(mesh, P("data")))
+def step(x, w):
+    return layer(x, w) * 2.0
+
+
+out = step(x, w)
+report = {"out": np.asarray(out).tolist(), "spec": str(out.sharding.spec),
+          "devices": len(out.sharding.device_set)}
+try:
+    import kiln
+    s = kiln.stats()
+    report.update(hits=s.hits, misses=s.misses, traces=s.traces, compiles=s.compiles)
+except ImportError:
+    pass
+print(json.dumps(report))
+'''
+
+
+@pytest.mark.slow
+def test_a_sharded_program_under_the_jax_jit_swap_is_jax_jits_cold_and_warm(tmp_path):
+    """An unchanged program on a 2 x 2 mesh (sharded inputs, ``out_shardings``, a jit called
+    inside another) under ``kiln run --jit``: the values and output sharding of plain
+    ``jax.jit``, compiled once cold, loaded with no trace warm."""
+    script = tmp_path / "prog.py"
+    script.write_text(SWAPPED)
+    env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                    KILN_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(*argv: str) -> dict:
+        proc = run_child([sys.executable, *argv, str(script)], env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    plain = run()
+    cold, warm = run("-m", "kiln", "run", "--jit"), run("-m", "kiln", "run", "--jit")
+    for got in (cold, warm):
+        assert (got["out"], got["spec"], got["devices"]) == (
+            plain["out"], plain["spec"], plain["devices"]) == (plain["out"], "P('data',)", 4)
+    assert (cold["misses"], cold["compiles"]) == (1, 1)  # layer is traced inside step
+    assert (warm["hits"], warm["misses"], warm["traces"], warm["compiles"]) == (1, 0, 0, 0)
