@@ -22,8 +22,8 @@ accounting of the finished child):
   ``kiln/__init__`` whole and so imports jax: what every verb paid then.
 
 Each command also runs once under ``python -X importtime``, which says whether it imported jax.
-``KILN_*`` and JAX cache variables of the calling environment are removed, so the user's cache is
-never touched.
+``KILN_*``, ``JAX_*`` and ``XLA_*`` variables of the calling environment are removed
+(``_children.py``), so the user's cache is never touched.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
 from _installed import compile_bytecode
 
 _SCRIPT = ("import re, sys; from {} import main; "
@@ -79,30 +80,24 @@ _JAX_IMPORT = re.compile(r"^import time:[^|]*\|[^|]*\|\s*jax\s*$", re.MULTILINE)
 
 
 def _env(store: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-    env.update(KILN_CACHE_DIR=store, JAX_PLATFORMS="cpu")
-    return env
+    return child_env(KILN_CACHE_DIR=store, JAX_PLATFORMS="cpu")
 
 
 def _time(args: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall and CPU seconds of one process running ``python *args``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], env=env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+    run_child([sys.executable, *args], env=env, stdin=subprocess.DEVNULL,
+              stdout=subprocess.DEVNULL, timeout=300)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: python {shlex.join(args)} exited {proc.returncode}\n"
-                         f"{proc.stderr.decode()[-4000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
 
 
 def _imports_jax(args: list[str], env: dict[str, str]) -> bool:
-    proc = subprocess.run([sys.executable, "-X", "importtime", *args], env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    proc = run_child([sys.executable, "-X", "importtime", *args], env=env,
+                     stdin=subprocess.DEVNULL, timeout=300, check=False)
     return _JAX_IMPORT.search(proc.stderr) is not None
 
 
@@ -129,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kiln-cli-bench-") as store:
         env = _env(store)
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", FILL, str(args.entries)], env=env, check=True,
-                       timeout=3600)
-        rows = json.loads(subprocess.run([sys.executable, "-m", "kiln", "ls", "--json"], env=env,
-                                         capture_output=True, check=True, timeout=300).stdout)
+        run_child([sys.executable, "-c", FILL, str(args.entries)], env=env, stdout=None,
+                  stderr=None, timeout=3600)
+        rows = json.loads(run_child([sys.executable, "-m", "kiln", "ls", "--json"], env=env,
+                                    timeout=300).stdout)
         print(f"store: {len(rows)} entries ({args.entries} kiln.jit, "
               f"{sum(r['function'].startswith('jax:') for r in rows)} JAX-cache), filled in "
               f"{time.perf_counter() - start:.0f} s", flush=True)

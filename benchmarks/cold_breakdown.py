@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
 from _installed import compile_bytecode
 
 CHILD = r'''
@@ -103,13 +102,8 @@ MEASURES = ("gc-default", "gc-relaxed", "fingerprint", "serialize", "jax_put")
 
 
 def run(what: str) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-    env.update(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0")
-    proc = subprocess.run([sys.executable, "-c", CHILD, what], env=env, capture_output=True,
-                          text=True, timeout=600)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {what} exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    proc = run_child([sys.executable, "-c", CHILD, what],
+                     env=child_env(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0"), timeout=600)
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

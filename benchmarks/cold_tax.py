@@ -31,13 +31,13 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
 from _installed import compile_bytecode
 
 TARGET = 1.05
@@ -75,18 +75,9 @@ print(json.dumps({"ttfr_s": ttfr, "cpu_s": cpu, **phases, "other_s": ttfr - sum(
 '''
 
 
-def _env(store: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-    env.update(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
-    return env
-
-
 def run(mode: str, store: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode], env=_env(store),
-                          capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {mode} run exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    env = child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
+    proc = run_child([sys.executable, "-c", CHILD, mode], env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

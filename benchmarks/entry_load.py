@@ -19,8 +19,9 @@ Each repetition, per case, uses a fresh empty store (``tempfile.TemporaryDirecto
 Each process also reports the wall time of its first call (to the blocked result), which on the
 warm side adds the store read, digest check, manifest check and first execution. Figures are
 medians over the repetitions; the anchor is the compile time, and the ratio load / compile says
-what share of the compile a warm start still pays. ``KILN_*`` variables of the calling
-environment are removed, so the user's cache is never touched.
+what share of the compile a warm start still pays. ``KILN_*``, ``JAX_*`` and ``XLA_*``
+variables of the calling environment are removed (``_children.py``), so the user's cache is
+never touched.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,15 +40,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from _children import child_env, run_child
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 CASES = ("lotka_volterra fit", "mlp_digits train_step", "tiny x*y+1")
-_STRIP_PREFIXES = (
-    "KILN_",
-    "JAX_COMPILATION_CACHE",
-    "JAX_PERSISTENT_CACHE",
-    "JAX_ENABLE_COMPILATION_CACHE",
-)
 
 
 # -- worker side (runs in the fresh subprocess) ----------------------------------------------
@@ -114,23 +110,11 @@ def _worker(case: str) -> None:
 
 
 # -- driver side -------------------------------------------------------------------------------
-def child_env(store: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP_PREFIXES)}
-    env.update(KILN_CACHE_DIR=store, KILN_PROGRESS="0")
-    return env
-
-
 def run_worker(case: str, store: str) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", case]
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd, env=child_env(store), capture_output=True, text=True, timeout=900, cwd=REPO
-    )
+    proc = run_child(cmd, env=child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0"), cwd=REPO)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"error: {shlex.join(cmd)} exited {proc.returncode}\n{proc.stderr[-4000:]}"
-        )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     out = json.loads(lines[-1])
     out["process_wall_s"] = wall

@@ -7,6 +7,7 @@ Run from the repository root, ``BEFORE`` and ``AFTER`` being folders holding a `
 
     python benchmarks/eqx_swap_paths.py --kiln BEFORE,AFTER [--reps 3]
                                         [--programs public_train_rnn,public_stateful]
+                                        [--json PATH]
 
 Per program: one plain ``EXAMPLE_JIT=eqx`` run (the reference result), then per tree a cold
 run on its own empty store, then ``--reps`` rounds of one warm run per tree (the order
@@ -21,30 +22,26 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import json
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _children import run_child
 from real_programs import PROGRAMS, _base_env, _stable
 
 EQX_PROGRAMS = [n for n in PROGRAMS if n.startswith("public_")]
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    import json
-
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=900)
+    proc = run_child([sys.executable, *argv], env=env, cwd=cwd)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-4000:]}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
     summary = [ln for ln in proc.stderr.splitlines() if ln.startswith("kiln: hits:")]
     got = re.search(r"traces: (\d+).*verify path: (\d+)", summary[-1]) if summary else None
@@ -89,15 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kiln", required=True, help="BEFORE,AFTER: folders holding kiln")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--programs", default=",".join(EQX_PROGRAMS))
+    parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     trees = [Path(p).resolve() for p in args.kiln.split(",")]
     for tree in trees:  # kiln's bytecode, as an installed copy has it (benchmarks/_installed.py)
         compileall.compile_dir(tree / "kiln", quiet=1, workers=1)
     ok = True
+    report: dict[str, Any] = {"trees": [str(t) for t in trees], "reps": args.reps,
+                              "programs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.programs.split(","):
-            r = measure(name, trees, args.reps, Path(tmp))
+            r = report["programs"][name] = measure(name, trees, args.reps, Path(tmp))
             ok &= r["identical_results"]
             w, c = r["warm_wall_s"], r["cold_wall_s"]
             named = zip((t.parent.name or str(t) for t in trees), w, strict=True)
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             for tree, lines in zip(trees, r["explain"], strict=True):
                 for line in lines:
                     print(f"  [{tree}] {line[:300]}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
     return 0 if ok else 1
 
 

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = ("lotka_volterra", "mlp_digits")
-_STRIP_PREFIXES = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE",
-                   "JAX_ENABLE_COMPILATION_CACHE")
 # Runs an example as __main__, then prints kiln's counters as the last line.
 RUNNER = (
     "import json, runpy, sys\n"
@@ -47,18 +45,9 @@ RUNNER = (
 )
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP_PREFIXES)}
-    env.update(extra)
-    return env
-
-
 def run(example: str, jit: str, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, "-c", RUNNER, str(REPO / "examples" / f"{example}.py"), "--jit", jit]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: {shlex.join(cmd)} exited {proc.returncode}\n"
-                         f"{proc.stderr[-4000:]}")
+    proc = run_child(cmd, env=env, cwd=REPO)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     stats = json.loads(lines[-1][len("KILN-STATS "):])
     result = json.loads(lines[-2])

@@ -9,7 +9,8 @@ too few repetitions to quote):
 
 One ``redis-server`` is started for the run (loopback, free port, no persistence) and stopped at
 the end, also on Ctrl-C / SIGTERM; every store and cache lives in a temporary directory that is
-removed; ``KILN_*`` and JAX cache variables of the calling environment are dropped. Workers run
+removed; ``KILN_*``, ``JAX_*`` and ``XLA_*`` variables of the calling environment are dropped
+(``_children.py``). Workers run
 ``kiln_demo.lotka_volterra --jit kiln`` (the Lotka-Volterra fit) via ``runpy`` in fresh
 processes with ``KILN_SIGNING_KEY`` set; each worker has its own empty local directory
 (``KILN_CACHE_DIR``: a separate "host").
@@ -90,14 +91,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, start_child
+
 SIGNING_KEY = "fleet-benchmark-secret"
-_STRIP_PREFIXES = (
-    "KILN_",
-    "JAX_COMPILATION_CACHE",
-    "JAX_PERSISTENT_CACHE",
-    "JAX_ENABLE_COMPILATION_CACHE",
-    "JAX_RAISE_PERSISTENT_CACHE",
-)
 STAT_FIELDS = ("hits", "misses", "traces", "compiles", "remote_hits", "remote_misses",
                "remote_timeouts", "remote_errors", "lease_waits", "lease_takeovers",
                "jax_cache_hits", "jax_cache_misses", "jax_cache_writes", "store_errors",
@@ -196,9 +192,9 @@ def redis_server(tmp: Path) -> Iterator[str]:
     port = _free_port()
     log = tmp / "redis.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", str(tmp)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        proc = start_child([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                            "--appendonly", "no", "--dir", str(tmp)],
+                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while not _pings(port):
@@ -222,13 +218,9 @@ def flushdb(url: str) -> None:
 
 
 # -- workers --------------------------------------------------------------------------------
-def child_env(cache_dir: Path, store: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP_PREFIXES)}
-    env.update(KILN_CACHE_DIR=str(cache_dir), KILN_SIGNING_KEY=SIGNING_KEY, KILN_PROGRESS="0",
-               JAX_PLATFORMS="cpu")
-    if store is not None:
-        env["KILN_STORE"] = store
-    return env
+def worker_env(cache_dir: Path, store: str | None) -> dict[str, str]:
+    return child_env(KILN_CACHE_DIR=str(cache_dir), KILN_SIGNING_KEY=SIGNING_KEY,
+                     KILN_PROGRESS="0", JAX_PLATFORMS="cpu", KILN_STORE=store)
 
 
 _live: list[subprocess.Popen[Any]] = []  # workers running now (killed on the way out)
@@ -247,9 +239,9 @@ def run_workers(n: int, root: Path, store: str | None,
     try:
         for i in range(n):
             with open(root / f"out-{i}", "wb") as out_f, open(root / f"err-{i}", "wb") as err_f:
-                p = subprocess.Popen([sys.executable, "-c", CHILD, str(barrier), str(n)],
-                                     env=child_env(dirs[i], store), stdin=subprocess.DEVNULL,
-                                     stdout=out_f, stderr=err_f)
+                p = start_child([sys.executable, "-c", CHILD, str(barrier), str(n)],
+                                env=worker_env(dirs[i], store), stdin=subprocess.DEVNULL,
+                                stdout=out_f, stderr=err_f)
             procs.append(p)
             _live.append(p)
         results = []

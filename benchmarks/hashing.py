@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    PYTHONPATH=src python benchmarks/hashing.py
+    PYTHONPATH=src python benchmarks/hashing.py [--json PATH]
 
 Prints the throughput (GB/s) of hashing a 64 MiB float32 NumPy array (re-hashed on every call,
 because NumPy arrays are mutable), and the per-call cost (microseconds) of a repeated 64 MiB
@@ -12,9 +12,14 @@ REPEATS runs. Takes a few seconds.
 
 from __future__ import annotations
 
+import argparse
+import json
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -40,7 +45,11 @@ def median_seconds(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(samples)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     host = np.random.default_rng(0).standard_normal(NBYTES // 4, dtype=np.float32)
     dev = jax.block_until_ready(jnp.asarray(host))
 
@@ -61,6 +70,13 @@ def main() -> None:
     ]
     for name, seconds, gbps in rows:
         print(f"{name:<44}{seconds * 1e6:>11.2f} us{seconds / int_s:>11.1f}x{gbps:>10}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "jax": jax.__version__, "numpy": np.__version__, "backend": jax.default_backend(),
+            "repeats": REPEATS, "nbytes": NBYTES,
+            "per_call_s": {name: seconds for name, seconds, _ in rows},
+            "numpy_gb_per_s": NBYTES / numpy_s / 1e9}, indent=2))
+    return 0
 
 
 def _first_call_seconds(host: np.ndarray) -> float:
@@ -76,4 +92,4 @@ def _first_call_seconds(host: np.ndarray) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -29,15 +29,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _children import child_env, start_child
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,9 +128,8 @@ def _free_port() -> int:
 
 def run_job(script: Path, mode: str, procs: int, devices: int, env: dict[str, str]) -> dict[str, Any]:
     port = str(_free_port())
-    ps = [subprocess.Popen([sys.executable, str(script), str(i), str(procs), port, str(devices),
-                            mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True) for i in range(procs)]
+    ps = [start_child([sys.executable, script, str(i), str(procs), port, str(devices), mode],
+                      env=env) for i in range(procs)]
     reports = []
     for p in ps:
         stdout, stderr = p.communicate(timeout=600)
@@ -160,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     modes = [m for m in MODES if args.share_binary or m != "share_binary"]
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("KILN_", "JAX_", "XLA_"))} | {"JAX_PLATFORMS": "cpu"}
+    base = child_env(JAX_PLATFORMS="cpu")
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "job.py"

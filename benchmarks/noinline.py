@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
+
+from _children import child_env, run_child
 
 WORKER = r'''
 import json, sys, time
@@ -143,10 +143,8 @@ def per_site() -> None:
     already compiled), trace / lower / compile / first run of the N=1 and N=64 programs,
     median of 7, and the difference per extra call site."""
     with tempfile.TemporaryDirectory() as d:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-        env["KILN_CACHE_DIR"] = d
-        out = subprocess.run([sys.executable, "-c", PER_SITE], env=env, capture_output=True,
-                             text=True, timeout=600, check=True)
+        out = run_child([sys.executable, "-c", PER_SITE], env=child_env(KILN_CACHE_DIR=d),
+                        timeout=600)
     med = json.loads(out.stdout.strip().splitlines()[-1])
     print("\nper call site, one warm process (sub-function compiled; median of 7):")
     print(f"{'':>14} {'trace':>8} {'lower':>8} {'compile':>8} {'run 1':>8}")
@@ -160,10 +158,8 @@ def per_site() -> None:
 def run_once(mode: str, n: int) -> dict[str, float]:
     """One fresh process with an empty store: the worker's record."""
     with tempfile.TemporaryDirectory() as d:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-        env["KILN_CACHE_DIR"] = d
-        out = subprocess.run([sys.executable, "-c", WORKER, mode, str(n)], env=env,
-                             capture_output=True, text=True, timeout=600, check=True)
+        out = run_child([sys.executable, "-c", WORKER, mode, str(n)],
+                        env=child_env(KILN_CACHE_DIR=d), timeout=600)
     rec: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return rec
 

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _children import child_env, run_child
 
 WORKER = r'''
 import json, sys, time
@@ -123,11 +124,9 @@ def measure(mode: str, t: int, reps: int) -> dict[str, float] | str:
     recs = []
     for _ in range(reps):
         with tempfile.TemporaryDirectory() as d:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-            env["KILN_CACHE_DIR"] = d
             try:
-                out = subprocess.run([sys.executable, "-c", WORKER, mode, str(t)], env=env,
-                                     capture_output=True, text=True, timeout=600)
+                out = run_child([sys.executable, "-c", WORKER, mode, str(t)],
+                                env=child_env(KILN_CACHE_DIR=d), timeout=600, check=False)
             except subprocess.TimeoutExpired:
                 return "timed out (600 s)"
             if out.returncode != 0:

@@ -44,14 +44,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _children import child_env, run_child
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("jax", "kiln", "kiln tier_up=0", "jax+noinline", "equinox", "jax stub")
@@ -224,18 +224,12 @@ BREAKDOWN_ROWS = (
 
 
 def _env(store: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    env.update(KILN_CACHE_DIR=store, KILN_PROGRESS="0", **extra)
-    return env
+    return child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0", **extra)
 
 
 def _python(source: str, args: list[str], env: dict[str, str]) -> str:
     code = f"EXAMPLES = {str(REPO / 'examples')!r}\n" + source
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=REPO)
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker {args} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc.stdout
+    return run_child([sys.executable, "-c", code, *args], env=env, cwd=REPO).stdout
 
 
 def measure(mode: str) -> dict[str, Any]:

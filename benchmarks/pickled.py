@@ -27,13 +27,14 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from _children import child_env, run_child
 
 MODES = ("kiln carried", "kiln not carried", "jax.jit")
 
@@ -73,21 +74,12 @@ if "kiln" in sys.modules:
 print(json.dumps(out))
 '''
 
-_STRIP = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE")
-
-
 def _env(store: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP)}
-    env.update(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
-    return env
+    return child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
 
 
 def _python(code: str, args: list[str], env: dict[str, str]) -> str:
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True,
-                          text=True, timeout=900)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: exit {proc.returncode}\n{proc.stderr[-4000:]}")
-    return proc.stdout
+    return run_child([sys.executable, "-c", code, *args], env=env).stdout
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,17 +40,15 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
+
 DEFAULT_TESTS = ("transform_test.py", "combine_test.py", "update_test.py", "utils_test.py")
 MODES = ("plain", "jax cache run 1", "jax cache run 2", "kiln run 1", "kiln run 2",
          "kiln-jit run 1", "kiln-jit run 2")
-_STRIP = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_COMPILATION")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP)}
-    env.update(JAX_PLATFORMS="cpu", KILN_PROGRESS="0")
-    env.update(extra)
-    return env
+    return child_env(JAX_PLATFORMS="cpu", KILN_PROGRESS="0", **extra)
 
 
 def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
@@ -62,7 +59,7 @@ def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
     if swap:
         cmd.append("--kiln-jit")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=3600)
+    proc = run_child(cmd, env=env, cwd=cwd, timeout=3600, check=False)
     wall = time.perf_counter() - t0
     tail = proc.stdout.strip().splitlines()[-3:]
     found = re.findall(r"(\d+) (passed|failed|skipped|error)", "\n".join(tail))

@@ -39,8 +39,8 @@ identical in every mode and run; the script says so or fails. Targets, every
 program: kiln warm wall <= 1.0x JAX's cache warm, time to first result <= 0.8x; the mode
 (``kiln run --jit``) warm wall <= 1.0x JAX's cache warm, its jits' trace + lowering seconds
 <= 25% of JAX's cache warm, and where tracing dominates, wall <= 0.55x. Stores and
-caches live in temporary directories; ``KILN_*`` and JAX cache variables of the calling
-environment are removed, so your own cache is never touched.
+caches live in temporary directories; ``KILN_*``, ``JAX_*`` and ``XLA_*`` variables of the
+calling environment are removed (``_children.py``), so your own cache is never touched.
 """
 
 from __future__ import annotations
@@ -50,21 +50,19 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
 from _installed import compile_bytecode
 
 REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples"
 LIB = EX / "libraries"
 EVENTS = Path(__file__).resolve().parent / "_jax_events.py"
-_STRIP = ("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "JAX_ENABLE_COMPILATION",
-          "EXAMPLE_JIT")
 # volatile fields of a program's result line: timings and kiln's counters
 _VOLATILE = {"time_to_first_result_s", "first_step_s", "hits", "misses", "traces", "compiles",
              "kiln", "seconds", "elapsed_s", "wall_s", "steady_s", "jit", "mode",
@@ -95,8 +93,11 @@ PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]] | None,
     "blackjax_nuts": (LIB / "blackjax_nuts.py", None, ([], {}), "jax, blackjax, sklearn.datasets"),
     "haiku_digits": (LIB / "haiku_digits.py", None, ([], {}),
                      "jax, haiku, optax, sklearn.datasets"),
-    "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", None, ([], {}), "jax, jax_md"),
-    "mjx_humanoid": (LIB / "mjx_humanoid.py", None, ([], {}), "jax, mujoco, mujoco.mjx"),
+    # (these two have a jit of the user's own: EXAMPLE_JIT=kiln makes it kiln.jit)
+    "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),
+                      "jax, jax_md"),
+    "mjx_humanoid": (LIB / "mjx_humanoid.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),
+                     "jax, mujoco, mujoco.mjx"),
 }
 
 # mode: (its cold run's name, its warm runs' name)
@@ -106,9 +107,10 @@ MODES = {"kiln": ("kiln cold", "kiln warm"), "jax": ("jax cold", "jax cache warm
 
 
 def _base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP)}
-    env["PYTHONPATH"] = os.pathsep.join([str(EX / "public"), env.get("PYTHONPATH", "")])
-    return env
+    """A child's environment: ``EXAMPLE_JIT`` only where a program's variant sets it, and the
+    published examples' folder on ``PYTHONPATH``."""
+    return child_env(EXAMPLE_JIT=None, PYTHONPATH=os.pathsep.join(
+        [str(EX / "public"), os.environ.get("PYTHONPATH", "")]))
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path,
@@ -118,10 +120,8 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path,
     cmd = [sys.executable, *argv] if events is None else [
         sys.executable, str(EVENTS), str(events), *argv]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+    proc = run_child(cmd, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-4000:]}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     got = result if isinstance(result, dict) else {}
@@ -145,8 +145,7 @@ def _floor(libs: str, env: dict[str, str], cwd: Path) -> float:
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"import {libs}"], env=env, cwd=cwd, check=True,
-                       capture_output=True)
+        run_child([sys.executable, "-c", f"import {libs}"], env=env, cwd=cwd)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -4,7 +4,7 @@ cache directory (the per-miss cost behind the pytest plugin's target: ``pytest
 
 Run from the repository root (about a minute):
 
-    python benchmarks/route_miss.py [--programs 300] [--reps 5]
+    python benchmarks/route_miss.py [--programs 300] [--reps 5] [--json PATH]
 
 Each repetition starts two fresh processes, in alternating order: one with JAX's persistent
 cache in an empty directory (``JAX_COMPILATION_CACHE_DIR``, minimum compile time 0, minimum
@@ -24,9 +24,11 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
+from pathlib import Path
+
+from _children import child_env, run_child
 
 _CHILD = r"""
 import json, os, sys, time
@@ -57,26 +59,23 @@ print(json.dumps({"miss": loop / n, "get": spent["get"] / n, "put": spent["put"]
 
 
 def _child(mode: str, n: int) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
-    env["JAX_PLATFORMS"] = "cpu"
     with tempfile.TemporaryDirectory() as d:
         if mode == "jax":
-            env.update(JAX_COMPILATION_CACHE_DIR=d, KILN_JAX_CACHE="0",
-                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+            env = child_env(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=d, KILN_JAX_CACHE="0",
+                            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
         else:
-            env.update(KILN_CACHE_DIR=d, KILN_PROGRESS="0")
-        out = subprocess.run([sys.executable, "-c", _CHILD, mode, str(n)], env=env, check=True,
-                             capture_output=True, text=True, timeout=900).stdout
+            env = child_env(JAX_PLATFORMS="cpu", KILN_CACHE_DIR=d, KILN_PROGRESS="0")
+        out = run_child([sys.executable, "-c", _CHILD, mode, str(n)], env=env).stdout
     return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=300)
     parser.add_argument("--reps", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(__file__))
     import _installed
 
@@ -91,12 +90,18 @@ def main() -> None:
                   f"cache read {r['get'] * 1e3:5.3f} ms  cache write {r['put'] * 1e3:5.3f} ms")
     print(f"\nper miss, median of {args.reps} ({args.programs} programs a process):")
     print(f"{'':22s}{'JAX cache dir':>14s}{'kiln route':>12s}{'kiln extra':>12s}")
+    medians: dict[str, dict[str, float]] = {"jax": {}, "kiln": {}}
     for part, label in (("miss", "whole call"), ("get", "cache read (miss)"),
                         ("put", "cache write")):
-        j = statistics.median(r[part] for r in runs["jax"]) * 1e3
-        k = statistics.median(r[part] for r in runs["kiln"]) * 1e3
+        for mode in medians:
+            medians[mode][f"{part}_s"] = statistics.median(r[part] for r in runs[mode])
+        j, k = medians["jax"][f"{part}_s"] * 1e3, medians["kiln"][f"{part}_s"] * 1e3
         print(f"{label:22s}{j:11.3f} ms{k:9.3f} ms{k - j:+9.3f} ms")
+    if args.json:
+        args.json.write_text(json.dumps({"programs": args.programs, "reps": args.reps,
+                                         "median_per_miss": medians, "runs": runs}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

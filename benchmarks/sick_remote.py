@@ -2,7 +2,7 @@
 
 Run from the repository root (about 1 minute):
 
-    python benchmarks/sick_remote.py [--reps 5]
+    python benchmarks/sick_remote.py [--reps 5] [--json PATH]
 
 A small program (``examples/mlp_digits.py --jit kiln``, 300 training steps) runs in fresh
 processes on an empty local store, in three modes: ``local`` (no shared store), ``dead`` (a
@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from _children import child_env, run_child
 from _installed import compile_bytecode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,11 +61,9 @@ def _free_port() -> int:
 
 def _run(env: dict[str, str]) -> tuple[float, float]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "mlp_digits.py"), "--jit",
-                           "kiln"], env=env, capture_output=True, text=True, timeout=600)
+    proc = run_child([sys.executable, REPO / "examples" / "mlp_digits.py", "--jit", "kiln"],
+                     env=env, timeout=600)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
     result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     return float(result["time_to_first_result_s"]), wall
 
@@ -73,12 +71,12 @@ def _run(env: dict[str, str]) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     compile_bytecode()
     port, stop = _hung_server()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    base["KILN_PROGRESS"] = "0"
+    base = child_env(KILN_PROGRESS="0")
     urls = {"local": None, "dead": f"redis://127.0.0.1:{_free_port()}/0",
             "hung": f"redis://127.0.0.1:{port}/0"}
     runs: dict[str, list[tuple[float, float]]] = {m: [] for m in urls}
@@ -92,10 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     stop.set()
     local_ttfr = statistics.median(r[0] for r in runs["local"])
     local_wall = statistics.median(r[1] for r in runs["local"])
+    report: dict[str, Any] = {"reps": args.reps, "modes": {}}
     for mode, rs in runs.items():
         ttfr, wall = statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
+        report["modes"][mode] = {"median_ttfr_s": ttfr, "median_wall_s": wall,
+                                 "runs": [{"ttfr_s": t, "wall_s": w} for t, w in rs]}
         print(f"{mode:6s} first result {ttfr:.2f} s (+{ttfr - local_ttfr:.2f} s), whole "
               f"process {wall:.2f} s (+{wall - local_wall:.2f} s)", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -4,6 +4,7 @@
 Run from the repository root (about 30 seconds):
 
     python benchmarks/store_put.py [--entries 10000] [--puts 200] [--size 100000] [--reps 5]
+                                   [--json PATH]
 
 A store is filled with ``--entries`` entries first (files written directly, then the index
 rebuilt, so filling is quick), then ``--puts`` new entries of ``--size`` bytes are written one
@@ -18,6 +19,7 @@ the store does, and that flush is timed and printed apart.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--puts", type=int, default=200)
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
     blob = os.urandom(args.size)
@@ -96,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median put at {args.entries} entries, {args.size} bytes: kiln {k * 1e3:.3f} ms, "
           f"JAX's cache {j * 1e3:.3f} ms ({k / j:.2f}x); index flush "
           f"{statistics.median(flush_t) * 1e3:.1f} ms per {args.puts} puts")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "entries": args.entries, "puts": args.puts, "size_bytes": args.size,
+            "reps": args.reps, "median_put_s": {"kiln": k, "jax_cache": j},
+            "median_flush_s": statistics.median(flush_t),
+            "per_rep": {"kiln_put_s": kiln_t, "jax_cache_put_s": jax_t, "flush_s": flush_t}},
+            indent=2))
     return 0
 
 

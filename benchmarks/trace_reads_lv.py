@@ -3,7 +3,7 @@ nothing measurable).
 
 Run from the repository root (about 1 minute; needs the ``examples`` extra):
 
-    python benchmarks/trace_reads_lv.py [--reps 7]
+    python benchmarks/trace_reads_lv.py [--reps 7] [--json PATH]
 
 In one process: ``jax.jit(fit).trace(ts, ys)`` of a fresh fit each time, with a
 ``ReadRecorder`` around it (the audit hook, and the wrappers of ``os.stat``, ``os.lstat``,
@@ -17,17 +17,20 @@ recorded (none: the fit reads nothing outside Python).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
 
@@ -87,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
           f"recorded ({r / p:.3f}x)")
     print(f"calls of os.stat / os.lstat / os.access in one recorded trace: {counts}; "
           f"items recorded: {items}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "reps": args.reps, "median_trace_s": {"plain": p, "recorded": r},
+            "trace_s": {"plain": plain, "recorded": recorded},
+            "wrapped_calls_per_recorded_trace": counts, "items_recorded": items}, indent=2))
     return 0
 
 

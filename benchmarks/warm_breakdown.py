@@ -29,14 +29,13 @@ The rest of ``wall`` is the program's own work (data, training steps) and the in
 from __future__ import annotations
 
 import json
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from _children import run_child
 from real_programs import PROGRAMS, _base_env, start
 
 WRAPPER = r'''
@@ -73,11 +72,8 @@ def _run(wrapper: Path, libs: str, argv: list[str], env: dict[str, str],
     import time
 
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(wrapper), libs, *argv], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=900)
+    proc = run_child([sys.executable, wrapper, libs, *argv], env=env, cwd=cwd)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(argv)} failed:\n{proc.stderr[-4000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("BREAKDOWN ")][-1]
     return {"wall": wall, **json.loads(line[len("BREAKDOWN "):])}
 

@@ -23,9 +23,9 @@ Targets: kiln warm / JAX cache warm <= 0.25 (ttfr); kiln cold / ``jax.jit`` cold
 repetitions run in pairs (kiln and ``jax.jit``, alternating which goes first); besides the ratio
 of medians, the median of the per-pair ratios is printed (drift in machine load hits both
 members of a pair alike). The fitted parameters must be identical in
-every run. Every store and cache lives in a ``tempfile.TemporaryDirectory``; ``KILN_*`` and
-JAX cache variables of the calling environment are removed, so the user's cache is never
-touched.
+every run. Every store and cache lives in a ``tempfile.TemporaryDirectory``; ``KILN_*``,
+``JAX_*`` and ``XLA_*`` variables of the calling environment are removed (``_children.py``),
+so the user's cache is never touched.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,27 +42,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from _children import child_env, run_child
 from _installed import compile_bytecode
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "lotka_volterra.py"
 TARGET_KILN_VS_JAX_CACHE = 0.25
 TARGET_COLD_TAX = 1.05  # kiln cold / jax.jit cold (ttfr), an empty store
-_STRIP_PREFIXES = (
-    "KILN_",
-    "JAX_COMPILATION_CACHE",
-    "JAX_PERSISTENT_CACHE",
-    "JAX_ENABLE_COMPILATION_CACHE",
-    "JAX_RAISE_PERSISTENT_CACHE",
-)
 MODES = ("kiln warm", "jax cache warm", "jax.jit cold", "kiln cold")
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """The calling environment minus kiln / JAX cache settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_STRIP_PREFIXES)}
-    env.update(extra)
-    return env
 
 
 def kiln_env(store: str) -> dict[str, str]:
@@ -82,12 +68,8 @@ def run_example(jit: str, env: dict[str, str]) -> dict[str, Any]:
     """One fresh process; returns its JSON result plus ``wall_s``."""
     cmd = [sys.executable, str(EXAMPLE), "--jit", jit]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=REPO)
+    proc = run_child(cmd, env=env, cwd=REPO)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"error: {shlex.join(cmd)} exited {proc.returncode}\n{proc.stderr[-4000:]}"
-        )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     result = json.loads(lines[-1])
     result["wall_s"] = wall
@@ -108,9 +90,7 @@ def entry_files(store: Path) -> dict[str, int]:
 
 def device_info() -> str:
     code = "import jax; d = jax.devices()[0]; print(jax.default_backend(), d.device_kind)"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=300
-    )
+    proc = run_child([sys.executable, "-c", code], timeout=300, check=False)
     return proc.stdout.strip() or f"unknown ({proc.stderr.strip()[-200:]})"
 
 

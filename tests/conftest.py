@@ -31,12 +31,13 @@ _VERIFY = os.environ.get("KILN_TEST_VERIFY") == "1"
 collect_ignore = ["jax_api", "equinox_api"]
 
 
-def _load_servers() -> types.ModuleType:
-    """``tests/servers.py`` (real ``redis-server`` / ``moto_server`` for the fleet tests), loaded
-    by path: test modules cannot import each other under ``--import-mode=importlib``."""
-    name = "kiln_test_servers"
+def _load(stem: str) -> types.ModuleType:
+    """``tests/<stem>.py``, loaded by path as the module ``kiln_test_<stem>``: test modules
+    cannot import each other under ``--import-mode=importlib``; they import these by that name
+    (``from kiln_test_children import child_env, run_child``)."""
+    name = f"kiln_test_{stem}"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{stem}.py"))
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -44,7 +45,9 @@ def _load_servers() -> types.ModuleType:
     return sys.modules[name]
 
 
-_servers = _load_servers()
+_servers = _load("servers")
+_children = _load("children")  # every child process's environment, and how it runs
+_load("helpers")  # error_of
 redis_server, redis_url = _servers.redis_server, _servers.redis_url
 s3_server, s3_url = _servers.s3_server, _servers.s3_url
 
@@ -53,6 +56,14 @@ s3_server, s3_url = _servers.s3_server, _servers.s3_url
 def servers() -> types.ModuleType:
     """``tests/servers.py``: ``free_port()``, ``hung_server()``, ``start_redis``, ``stop``..."""
     return _servers
+
+
+@pytest.fixture(scope="session")
+def children() -> types.ModuleType:
+    """``tests/children.py`` (``child_env``, ``run_child``...), for a test module that
+    ``multiprocessing`` imports again in its workers: this file has not run there, so no
+    ``kiln_test_children`` to import."""
+    return _children
 
 
 @pytest.fixture(autouse=True)
@@ -194,16 +205,6 @@ _sys.modules["kiln_probe"] = kiln_probe
 from kiln_probe import TRACE, call, report  # noqa: E402
 '''
 
-# The folder the kiln under test was imported from, when it is a source checkout (a test run
-# with ``PYTHONPATH=<worktree>/src`` tests that worktree's kiln in its children too).
-_KILN_SRC: str | None = str(Path(kiln.__file__).resolve().parents[1])
-if _KILN_SRC.endswith(("site-packages", "dist-packages")):
-    _KILN_SRC = None
-
-# Environment variables that change what kiln or jax do; children start without them.
-_SCRUB_PREFIXES = ("KILN_", "JAX_", "XLA_")
-
-
 @dataclass
 class Run:
     """One finished child process."""
@@ -260,25 +261,11 @@ class Program:
               main: tuple[str, ...] = ("prog.py",)) -> subprocess.Popen[str]:
         """Start ``prog.py`` in a fresh process (for several at once); see :meth:`finish`.
         ``main``: what Python runs, before ``args`` (``("-m", "kiln", "run", "prog.py")``)."""
-        child_env = {
-            k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)
-        }
-        child_env.update(
-            KILN_CACHE_DIR=str(self.cache),
-            KILN_JAX_CACHE="0",
-            JAX_PLATFORMS="cpu",
-            PYTHONDONTWRITEBYTECODE="1",
-        )
-        child_env.pop("PYTHONPATH", None)
-        child_env.update(self.base_env)
-        child_env.update(env or {})
-        if _KILN_SRC is not None:  # children import the kiln under test, not an installed one
-            child_env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (_KILN_SRC, child_env.get("PYTHONPATH")) if p)
-        proc = subprocess.Popen(
-            [sys.executable, *main, *args], cwd=self.dir, env=child_env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+        settings = {"KILN_CACHE_DIR": str(self.cache), "KILN_JAX_CACHE": "0",
+                    "JAX_PLATFORMS": "cpu", "PYTHONDONTWRITEBYTECODE": "1",
+                    **self.base_env, **(env or {})}
+        proc = _children.start_child([sys.executable, *main, *args], cwd=self.dir,
+                                     env=_children.child_env(**settings))
         proc.kiln_args = (args, env)  # type: ignore[attr-defined]
         return proc
 

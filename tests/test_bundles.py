@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 from kiln._base import decode, encode
@@ -422,11 +422,8 @@ report()
 
 
 def _kiln_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    child_env = {k: v for k, v in os.environ.items()
-                 if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    child_env.update(JAX_PLATFORMS="cpu", **env)
-    return subprocess.run([sys.executable, "-m", "kiln", *args], env=child_env,
-                          capture_output=True, text=True, check=False, timeout=180)
+    return run_child([sys.executable, "-m", "kiln", *args],
+                     env=child_env(JAX_PLATFORMS="cpu", **env), timeout=180)
 
 
 @pytest.mark.slow

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,6 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 from kiln._base import encode
@@ -728,13 +727,13 @@ def test_demo_runs_from_a_non_editable_install(tmp_path: Path) -> None:
     shutil.copytree(repo / "src", source / "src",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
-                   check=True, timeout=120)
+    run_child([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+              timeout=120)
     python = venv / "bin" / "python"
-    paths = subprocess.run(
-        [str(python), "-c", "import sysconfig; p = sysconfig.get_paths(); "
+    paths = run_child(
+        [python, "-c", "import sysconfig; p = sysconfig.get_paths(); "
          "print(p['purelib']); print(p['scripts'])"],
-        check=True, capture_output=True, text=True, timeout=60,
+        check=True, timeout=60,
     ).stdout.split("\n")
     purelib, scripts = Path(paths[0]).resolve(), Path(paths[1])
     # kiln's dependencies, pip, setuptools and wheel from this interpreter's site-packages: a
@@ -742,30 +741,25 @@ def test_demo_runs_from_a_non_editable_install(tmp_path: Path) -> None:
     # the editable kiln installed there stays out
     outer = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     (purelib / "outer.pth").write_text("\n".join(outer) + "\n")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_", "XLA_")) and k != "PYTHONPATH"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = child_env(JAX_PLATFORMS="cpu", PYTHONPATH=None)  # the installed kiln, not src/
 
-    pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+    pip = run_child(
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
          "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir",
-         "--ignore-installed", str(source)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+         "--ignore-installed", source],
+        cwd=tmp_path, env=env, timeout=600,
     )
     assert pip.returncode == 0, pip.stdout[-4000:] + pip.stderr[-4000:]
-    where = subprocess.run(
-        [str(python), "-c", "import kiln, kiln_demo; print(kiln.__file__); "
+    where = run_child(
+        [python, "-c", "import kiln, kiln_demo; print(kiln.__file__); "
          "print(kiln_demo.__file__)"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=True,
+        cwd=tmp_path, env=env, timeout=120, check=True,
     ).stdout.split()
     kiln_file, demo_file = (Path(p).resolve() for p in where)
     assert kiln_file == purelib / "kiln" / "__init__.py"
     assert demo_file == purelib / "kiln_demo" / "__init__.py"
 
-    proc = subprocess.run(
-        [str(scripts / "kiln"), "demo", "--json"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200, check=False,
-    )
+    proc = run_child([scripts / "kiln", "demo", "--json"], cwd=tmp_path, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-8000:]
     data = json.loads(proc.stdout)
     assert Path(data["script"]).resolve() == purelib / "kiln_demo" / "lotka_volterra.py"
@@ -779,18 +773,12 @@ def test_demo_runs_from_a_non_editable_install(tmp_path: Path) -> None:
 # -- a real process -----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_python_dash_m_kiln_ls(filled: Path) -> None:
-    env = {**os.environ, "KILN_CACHE_DIR": str(filled)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "kiln", "ls", "--json"],
-        env=env, capture_output=True, text=True, check=False, timeout=120,
-    )
+    env = child_env(KILN_CACHE_DIR=str(filled))
+    proc = run_child([sys.executable, "-m", "kiln", "ls", "--json"], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert [r["function"] for r in rows] == [DOUBLE, DOUBLE, INC]
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "kiln", "clear"],
-        env=env, capture_output=True, text=True, check=False, timeout=120,
-    )
+    proc = run_child([sys.executable, "-m", "kiln", "clear"], env=env, timeout=120)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == f"error: clear deletes every entry in {filled}; pass --yes to confirm\n"

@@ -9,19 +9,17 @@ from __future__ import annotations
 import ast
 import importlib
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 
 pytestmark = pytest.mark.slow
-
-SRC = Path(kiln.__file__).resolve().parents[1]
 
 # the ``kiln`` script as pip writes it for the entry point ``kiln = "kiln_cli:main"``
 SCRIPT = ("-c", "import sys; from kiln_cli import main; sys.argv[0] = 'kiln'; sys.exit(main())")
@@ -46,16 +44,13 @@ _JAX_IMPORT = re.compile(r"^import time:[^|]*\|[^|]*\|\s*(jax|jaxlib)(\.\S+)?\s*
 
 
 def _env(store: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
-    return env
+    return child_env(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", **extra)
 
 
 def _kiln(entry: tuple[str, ...], *args: str, env: dict[str, str],
           cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-X", "importtime", *entry, *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=120, check=False)
+    return run_child([sys.executable, "-X", "importtime", *entry, *args], env=env, cwd=cwd,
+                     timeout=120)
 
 
 def _jax_modules(stderr: str) -> list[str]:
@@ -74,12 +69,10 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     program = ("import jax.numpy as jnp\nimport kiln\n"
                "f = kiln.jit(lambda x, k: x * k + 1, static_argnums=1)\n"
                "for k in range(3):\n    f(jnp.ones(4), k).block_until_ready()\n")
-    done = subprocess.run([sys.executable, "-c", program], env=_env(where), capture_output=True,
-                          text=True, timeout=300, check=False)
+    done = run_child([sys.executable, "-c", program], env=_env(where), timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = json.loads(subprocess.run(
-        [sys.executable, "-m", "kiln", "ls", "--json"], env=_env(where), capture_output=True,
-        text=True, timeout=120, check=True).stdout)
+    rows = json.loads(run_child([sys.executable, "-m", "kiln", "ls", "--json"], env=_env(where),
+                                timeout=120, check=True).stdout)
     kinds = {r["function"].startswith("jax:") for r in rows}
     assert len(rows) >= 4 and kinds == {True, False}, rows
     return where
@@ -161,9 +154,8 @@ print(json.dumps({"jax_before_first_use": without, "dir_lists_all": listed,
 
 
 def test_the_first_use_of_a_jax_name_turns_on_what_import_kiln_turns_on(store: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", FIRST_USE],
-                          env=_env(store, KILN_REPLACE_JIT="1"), capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = run_child([sys.executable, "-c", FIRST_USE], env=_env(store, KILN_REPLACE_JIT="1"),
+                     timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     assert json.loads(done.stdout) == {"jax_before_first_use": False, "dir_lists_all": True,
                                        "route": True, "swapped": True, "bound": True}
@@ -179,8 +171,8 @@ def test_a_program_run_with_dash_m_that_imports_kiln_gets_it_whole(
         "import sys\nfrom kiln._travel import _jax_cache\n"
         "print('jax' in sys.modules, _jax_cache.is_enabled(), 'jit' in vars(sys.modules['kiln']))"
         "\n")
-    done = subprocess.run([sys.executable, "-m", "prog", "kiln"], env=_env(store), cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = run_child([sys.executable, "-m", "prog", "kiln"], env=_env(store), cwd=tmp_path,
+                     timeout=120)
     assert (done.returncode, done.stdout) == (0, "True True True\n"), done.stderr[-4000:]
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 PROG = r'''
 import json
@@ -33,11 +32,9 @@ print(json.dumps(out))
 
 
 def _run(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env |= {"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-            "KILN_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-c", PROG], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=4",
+                    KILN_CACHE_DIR=str(tmp_path / "cache"))
+    proc = run_child([sys.executable, "-c", PROG], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -89,11 +86,9 @@ print(json.dumps(out))
 
 
 def _run_sharded(tmp_path, out_y):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env |= {"XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-            "KILN_CACHE_DIR": str(tmp_path / "cache"), "OUT_Y": out_y}
-    proc = subprocess.run([sys.executable, "-c", SHARDED], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=8",
+                    KILN_CACHE_DIR=str(tmp_path / "cache"), OUT_Y=out_y)
+    proc = run_child([sys.executable, "-c", SHARDED], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -5,13 +5,12 @@ script next to it."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -26,12 +25,10 @@ def test_noinline_example_in_the_doc_is_the_script():
 
 @pytest.mark.slow
 def test_noinline_example_runs_cold_then_warm(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "cache"))
 
     def run():
-        proc = subprocess.run([sys.executable, str(DOCS / "noinline_example.py")], env=env,
-                              text=True, capture_output=True, timeout=600)
+        proc = run_child([sys.executable, DOCS / "noinline_example.py"], env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
 
@@ -72,14 +69,13 @@ def test_the_readme_example_runs_cold_then_warm_as_the_readme_shows(tmp_path):
     (tmp_path / "lookup.py").write_text(script)
     shown = _block_after(text, "Run it twice.").strip().split("\n$ ")
     assert len(shown) == 2 and shown[0].startswith("$ kiln run lookup.py\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"))
 
     runs = []
     for expected in shown:
         printed, summary = expected.split("\n")[1:]
-        proc = subprocess.run([sys.executable, "-m", "kiln", "run", "lookup.py"], cwd=tmp_path,
-                              env=env, text=True, capture_output=True, timeout=600)
+        proc = run_child([sys.executable, "-m", "kiln", "run", "lookup.py"], cwd=tmp_path,
+                         env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == printed + "\n"
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("kiln: hits:")]

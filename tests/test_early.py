@@ -6,13 +6,12 @@ the ``jax_plugins`` entry point of the installed kiln."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 pytestmark = pytest.mark.slow
 
@@ -49,22 +48,8 @@ print("KILN-PROBE " + json.dumps({"value": float(out.sum()), "hits": s.hits,
 '''
 
 
-def _child_env(src: Path | None, cache: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(KILN_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
-    if src is not None:
-        env["PYTHONPATH"] = str(src)
-    env.update(extra)
-    return env
-
-
 @pytest.fixture
 def program(tmp_path: Path) -> Any:
-    import kiln
-
-    src = Path(kiln.__file__).resolve().parents[1]
-    src_dir = None if src.name in ("site-packages", "dist-packages") else src
     prog = tmp_path / "prog"
     prog.mkdir()
     (prog / "eagerlib.py").write_text(EAGERLIB)
@@ -72,8 +57,9 @@ def program(tmp_path: Path) -> Any:
     cache = tmp_path / "cache"
 
     def run(*args: str, main: tuple[str, ...] = ("main.py",), **env: str) -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, *main, *args], cwd=prog, capture_output=True,
-                              text=True, timeout=180, env=_child_env(src_dir, cache, **env))
+        proc = run_child([sys.executable, *main, *args], cwd=prog, timeout=180,
+                         env=child_env(KILN_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu",
+                                       PYTHONDONTWRITEBYTECODE="1", **env))
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("KILN-PROBE ")]
         assert proc.returncode == 0 and lines, proc.stderr[-6000:]
         return dict(json.loads(lines[-1][len("KILN-PROBE "):]))
@@ -123,9 +109,7 @@ def test_import_kiln_starts_no_backend_and_kiln_early_imports_only_the_stdlib() 
     code = ("import sys, kiln_early; assert 'jax' not in sys.modules and 'kiln' not in "
             "sys.modules; import jax, jax._src.xla_bridge as xb, kiln; assert not xb._backends;"
             " print('ok')")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = run_child([sys.executable, "-c", code], timeout=120)
     assert proc.stdout.strip() == "ok", proc.stderr[-4000:]
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -160,7 +160,7 @@ def test_special_files_at_entry_paths(tmp_path):
     assert store.get(_key(1)) == b"y"
 
 
-def test_temp_files_of_killed_writers_are_swept(tmp_path):
+def test_temp_files_of_killed_writers_are_swept(tmp_path, children):
     """Temp files are removed only when no live writer can own them: their writer (host and
     pid in the name) has exited, or they are older than any write takes. A prune must never
     delete the temp file of a writer in another process (issue 9: 39 of 60 entries lost)."""
@@ -174,8 +174,8 @@ def test_temp_files_of_killed_writers_are_swept(tmp_path):
     os.utime(old, (1, 1))  # long ago
     unknown = folder / ".0000000000000001.def.tmp"  # an unknown writer: maybe alive
     unknown.write_bytes(b"half")
-    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                            capture_output=True, text=True, check=True)
+    exited = children.run_child([sys.executable, "-c", "import os; print(os.getpid())"],
+                                check=True)
     dead_pid = int(exited.stdout)
     dead = folder / f".0000000000000001.{_local._HOST}.{dead_pid}.ghi.tmp"
     dead.write_bytes(b"half")
@@ -324,7 +324,7 @@ def test_stores_public_surface_is_pinned():
 
 
 def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(
-    tmp_path: Path,
+    tmp_path: Path, children: ModuleType,
 ) -> None:
     """A put writes the entry file at once and its index row with the next batch (issue 24:
     a commit per put was 2 ms of 4.6). A process killed before the batch is recorded loses
@@ -340,7 +340,8 @@ def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(
         f"s.put({_key(3)!r}, b'c' * 400)\n"
         "os._exit(0)\n"  # killed: no batch, no exit handler
     )
-    subprocess.run([sys.executable, "-c", script], check=True)
+    children.run_child([sys.executable, "-c", script],
+                       env=children.child_env(KILN_JAX_CACHE="0"), check=True)
     store = LocalStore(root)
     assert set(store.iter()) == {_key(1), _key(2), _key(3)}  # every entry is there, whole
     assert store.total_size() == 100  # only the first row reached the index
@@ -378,17 +379,18 @@ print(held_by_parent, free_after_release)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_forked_child_does_not_keep_its_parent_s_lease(tmp_path: Path) -> None:
+def test_a_forked_child_does_not_keep_its_parent_s_lease(tmp_path: Path,
+                                                         children: ModuleType) -> None:
     """A lease is an flock, which belongs to the open file and is shared across fork: a child
     forked while its parent compiles closes its copy, so the parent's release frees the key.
     (In a fresh process: forking this one, with JAX's threads, is not safe.)"""
-    proc = subprocess.run([sys.executable, "-c", _FORK_SCRIPT, str(tmp_path / "s")],
-                          capture_output=True, text=True, timeout=120)
+    proc = children.run_child([sys.executable, "-c", _FORK_SCRIPT, tmp_path / "s"],
+                              env=children.child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True"]  # held by the parent; then free at once
 
 
-def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path) -> None:
+def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path, children: ModuleType) -> None:
     """On Linux a lease is an OFD lock on one byte of ``leases/keys.lock``: no file is created
     per key (a miss's read through the kiln:// route: 0.34 -> 0.16-0.21 ms, docs/benchmarks.md,
     issue 24), and leases still exclude each other per key, within a process too."""
@@ -405,8 +407,8 @@ def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "s" / "leases").rglob("*")) == ["keys.lock"]
     code = (f"from kiln.stores import LocalStore; s = LocalStore({str(tmp_path / 's')!r}); "
             f"print(s.lease({_key(1)!r}, 30).acquire(), s.lease({_key(3)!r}, 30).acquire())")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    proc = children.run_child([sys.executable, "-c", code],
+                              env=children.child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.stdout.split() == ["False", "True"], proc.stderr
     held.release()
     other.release()
@@ -445,12 +447,12 @@ lease.release()
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_releasing_an_inherited_lease_closes_nothing_of_its_own(
-        tmp_path: Path) -> None:
+        tmp_path: Path, children: ModuleType) -> None:
     """A lease taken before a fork, released in the child (kiln's route does that on the
     child's first miss), used to close whatever file of the child's had got the lease's
     descriptor number: the child's own file, or its own lease on another key."""
-    proc = subprocess.run([sys.executable, "-c", _FORK_CHILD_RELEASE_SCRIPT, str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = children.run_child([sys.executable, "-c", _FORK_CHILD_RELEASE_SCRIPT, tmp_path],
+                              env=children.child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     # the child's file still writable; its own lease still held; the parent's still held
     assert proc.stdout.split() == ["True", "False", "False"]
@@ -491,13 +493,13 @@ os.waitpid(pid, 0)
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_fork_during_another_thread_s_acquire_leaves_the_child_no_lock(
-        tmp_path: Path) -> None:
+        tmp_path: Path, children: ModuleType) -> None:
     """A fork between another thread's open of the lock file and its lock (or its unlock and
     close) used to give the child a descriptor holding the lock that the child never closed:
     the key stayed locked while the child lived, after the parent released it (215 of 300
     forks in a stress run)."""
-    proc = subprocess.run([sys.executable, "-c", _FORK_MID_ACQUIRE_SCRIPT, str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = children.run_child([sys.executable, "-c", _FORK_MID_ACQUIRE_SCRIPT, tmp_path],
+                              env=children.child_env(KILN_JAX_CACHE="0"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True"]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 RUN = Path(__file__).resolve().parent / "equinox_api" / "run.py"
 SRC = os.environ.get("KILN_EQUINOX_SRC")  # (read at import: the fixtures clear KILN_*)
@@ -22,10 +22,10 @@ def test_equinox_test_jit_fails_only_where_documented(tmp_path: Path) -> None:
     if not SRC:
         pytest.skip("KILN_EQUINOX_SRC names no equinox source")
     out = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, str(RUN), "--equinox", SRC, "--out", str(tmp_path / "eqx"),
-         "--json", str(out), "--without-trace-counts"],
-        capture_output=True, text=True, timeout=1800)
+    proc = run_child(
+        [sys.executable, RUN, "--equinox", SRC, "--out", tmp_path / "eqx", "--json", out,
+         "--without-trace-counts"],
+        env=child_env(KILN_JAX_CACHE="0"), timeout=1800)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(out.read_text())
     outcomes = {kind: r["outcomes"] for kind, r in results.items()}

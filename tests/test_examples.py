@@ -13,13 +13,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from kiln_test_children import run_child
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEMO = Path(__file__).resolve().parent.parent / "src" / "kiln_demo"
@@ -82,10 +82,7 @@ def test_lotka_volterra_example_is_the_shipped_program() -> None:
 
 @pytest.mark.slow
 def test_lotka_volterra_example_runs_the_shipped_program_as_a_script() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "lotka_volterra.py"), "--help"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
+    proc = run_child([sys.executable, EXAMPLES / "lotka_volterra.py", "--help"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     # the program's own parser answered (this file has none)
     assert proc.stdout.startswith("usage: lotka_volterra.py ")

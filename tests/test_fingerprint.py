@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import subprocess
 import sys
 import threading
 
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from kiln_test_children import child_env, run_child
 
 from kiln._keys._code import code_digest
 from kiln._keys._fingerprint import fingerprint
@@ -162,8 +162,8 @@ def test_code_digests_do_not_depend_on_the_hash_seed():
     )
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + "/src"
     out = {
-        subprocess.run([sys.executable, "-c", prog, src], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout
+        run_child([sys.executable, "-c", prog, src],
+                  env=child_env(PYTHONHASHSEED=seed, KILN_JAX_CACHE="0"), check=True).stdout
         for seed in ("1", "2", "3", "4")
     }
     assert len(out) == 1, out

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 pytest.importorskip("flax")
 
@@ -75,15 +74,8 @@ def test_flax_digits_kiln_matches_jax(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def _run_example(store: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(store)
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--jit", "kiln"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_child([sys.executable, EXAMPLE, "--jit", "kiln"],
+                     env=child_env(KILN_CACHE_DIR=str(store)), timeout=300)
     assert proc.returncode == 0, proc.stderr[-8000:]
     return _last_json_line(proc.stdout)
 
@@ -198,12 +190,10 @@ def test_a_train_state_step_is_stored_and_gives_back_the_caller_s_objects(tmp_pa
     learning rate is another program (never stale)."""
     script = tmp_path / "train_state.py"
     script.write_text(TRAIN_STATE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"))
 
     def run(lr: str) -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, str(script), lr], env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = run_child([sys.executable, script, lr], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-8000:]
         assert "KilnWarning" not in proc.stderr, proc.stderr[-3000:]
         return _last_json_line(proc.stdout)

@@ -5,9 +5,7 @@ signed entries. Real processes; real ``redis-server`` / ``moto_server`` (tests/s
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 import warnings
@@ -15,6 +13,7 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kiln_test_children import child_env, run_child, start_child
 
 import kiln
 from kiln._base import FORMAT_VERSION
@@ -213,12 +212,12 @@ def test_waiter_takes_over_when_the_holder_is_killed(xp, tmp_path, fleet):
     xp.assert_cold(first["f"])
     key = _only_key(prog, kind, url)
     _delete(prog, kind, url, key)
-    env = {**os.environ, **_env(kind, url, 1), "KILN_LEASE_SECONDS": "2",
-           "JAX_PLATFORMS": "cpu",
-           "KILN_CACHE_DIR": str(prog.dir / "host-1") if kind != "local" else str(prog.cache)}
+    env = child_env(**{**_env(kind, url, 1), "KILN_LEASE_SECONDS": "2",
+                       "JAX_PLATFORMS": "cpu", "KILN_JAX_CACHE": "0",
+                       "KILN_CACHE_DIR": str(prog.dir / "host-1") if kind != "local"
+                       else str(prog.cache)})
     (prog.dir / "holder.py").write_text(HOLDER)
-    holder = subprocess.Popen([sys.executable, "holder.py", key], cwd=prog.dir, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = start_child([sys.executable, "holder.py", key], cwd=prog.dir, env=env)
     try:
         assert holder.stdout.readline().strip() == "held", holder.stderr.read()
         flag = tmp_path / "waiting"
@@ -750,10 +749,9 @@ print("PUT-RETURNED", flush=True)
 
 
 def test_exit_waits_for_uploads_only_up_to_a_bound_then_warns(redis_url, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    env.update(KILN_STORE=redis_url, KILN_SIGNING_KEY="k", KILN_CACHE_DIR=str(tmp_path / "s"))
-    proc = subprocess.run([sys.executable, "-c", EXIT_WITH_HUNG_UPLOAD], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = child_env(KILN_STORE=redis_url, KILN_SIGNING_KEY="k",
+                    KILN_CACHE_DIR=str(tmp_path / "s"))
+    proc = run_child([sys.executable, "-c", EXIT_WITH_HUNG_UPLOAD], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "PUT-RETURNED" in proc.stdout
     assert "StoreWarning: kiln: 1 entry not uploaded to redis://" in proc.stderr

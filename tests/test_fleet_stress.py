@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
+from kiln_test_children import child_env, start_child
 
 import kiln
 from kiln._base import decode
@@ -77,15 +76,14 @@ def test_eight_processes_mixed_gets_and_puts_with_kills(redis_url, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     local = tmp_path / "local"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    env.update(KILN_STORE=redis_url, KILN_CACHE_DIR=str(local), KILN_SIGNING_KEY=SECRET,
-               JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0")
+    env = child_env(KILN_STORE=redis_url, KILN_CACHE_DIR=str(local), KILN_SIGNING_KEY=SECRET,
+                    JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0")
     rng = random.Random(1234)
     # three of the eight are killed at a random moment of their run (they would run until then)
     doomed = set(rng.sample(range(8), 3))
-    procs = [subprocess.Popen(
-        [sys.executable, str(script), str(seed), str(10**6 if seed in doomed else 200), str(KEYS)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in range(8)]
+    procs = [start_child(
+        [sys.executable, script, str(seed), str(10**6 if seed in doomed else 200), str(KEYS)],
+        env=env) for seed in range(8)]
     try:
         for i in sorted(doomed):
             assert procs[i].stdout.readline().strip() == "READY", procs[i].stderr.read()

@@ -7,7 +7,6 @@ import enum
 import functools
 import gc
 import http
-import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from kiln_test_children import child_env, run_child
 
 from kiln._base._errors import StaticArgumentError
 from kiln._keys import _hashing
@@ -151,12 +151,11 @@ def test_digest_is_stable_across_processes() -> None:
         "print(s(('a', frozenset({'x', 'y', 'z'}), {'k': 1.5, 'j': b'b'}), argname='x'))"
     )
     runs = {
-        subprocess.run(
+        run_child(
             [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
             check=True,
-            env={"PYTHONHASHSEED": seed, "PYTHONPATH": ":".join(sys.path), "JAX_PLATFORMS": "cpu"},
+            env=child_env(PYTHONHASHSEED=seed, PYTHONPATH=":".join(sys.path),
+                          JAX_PLATFORMS="cpu"),
         ).stdout.strip()
         for seed in ("1", "2")
     }

@@ -9,8 +9,6 @@ of kiln's and JAX's cache counters.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -20,6 +18,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 from kiln._base import decode, encode
@@ -74,14 +73,12 @@ SCRIPT = COUNTING + textwrap.dedent('''
 
 
 def _env(store: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1")
-    env.update(extra)
-    return env
+    return child_env(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", PYTHONDONTWRITEBYTECODE="1",
+                     **extra)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[dict, str]:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_child(cmd, cwd=cwd, env=env, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return json.loads(lines[-1][len("RESULT "):]), proc.stderr
@@ -126,13 +123,11 @@ def test_kiln_run_unchanged_jax_script_compiles_nothing_the_second_time(tmp_path
     assert f"jax cache hits: {cold['compiles']}" in err
 
     # kiln ls lists them as plain-jax entries, kiln verify checks them
-    ls = subprocess.run([sys.executable, "-m", "kiln", "ls", "--json"], capture_output=True,
-                        text=True, env=_env(store), timeout=120)
+    ls = run_child([sys.executable, "-m", "kiln", "ls", "--json"], env=_env(store), timeout=120)
     rows = json.loads(ls.stdout)
     listed = rows["entries"] if isinstance(rows, dict) else rows
     assert {r["kind"] for r in listed} == {"jax-cache"}
-    verify = subprocess.run([sys.executable, "-m", "kiln", "verify"], capture_output=True,
-                            text=True, env=_env(store), timeout=120)
+    verify = run_child([sys.executable, "-m", "kiln", "verify"], env=_env(store), timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert f"{len(entries)} ok, 0 bad" in verify.stdout
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kiln_test_helpers import error_of
 
 import kiln
 from kiln._base import FORMAT_VERSION, MAGIC
@@ -580,14 +581,6 @@ def test_a_leaked_tracer_raises_jax_jit_s_error_and_nothing_is_stored():
     assert kiln.stats().stores_written == 0 and kiln.stats().compiles == 0
 
 
-def _error_of(call):
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - the error under test
-        return e
-    raise AssertionError("no error")
-
-
 @pytest.mark.parametrize("options, call", [
     ({}, lambda f: f(1.0, {"a": 2.0})),
     ({"static_argnums": 0}, lambda f: f(1.0, {"a": 2.0})),
@@ -602,8 +595,8 @@ def test_an_error_while_tracing_names_the_function_and_argument_as_jax_jit(optio
             return x
         return -x
 
-    want = _error_of(lambda: call(jax.jit(f, **options)))
-    got = _error_of(lambda: call(kiln.jit(f, **options)))
+    want = error_of(lambda: call(jax.jit(f, **options)))
+    got = error_of(lambda: call(kiln.jit(f, **options)))
     assert type(got) is type(want) is jax.errors.TracerBoolConversionError
     assert "argument y['a']" in str(want) and f"{__file__}:" in str(want)
     assert str(got) == str(want)
@@ -618,7 +611,7 @@ def test_the_traceback_of_an_error_while_tracing_is_jax_jit_s():
         return jnp.dot(x, jnp.ones(3))
 
     def frames(jit):
-        e = _error_of(lambda: jit(f)(jnp.ones(2)))
+        e = error_of(lambda: jit(f)(jnp.ones(2)))
         assert isinstance(e, TypeError)
         return [(fr.filename, fr.name) for fr in traceback.extract_tb(e.__traceback__)]
 

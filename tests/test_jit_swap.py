@@ -6,7 +6,6 @@ store; counts and values, never timings."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kiln_test_children import child_env, run_child
+from kiln_test_helpers import error_of
 
 import kiln
 from kiln._jit import _swap
-
-KILN_SRC = str(Path(kiln.__file__).resolve().parents[1])
 
 
 @pytest.fixture
@@ -188,15 +187,15 @@ def test_a_static_argument_jax_jit_cannot_hash_raises_jax_jit_s_error(swapped, o
     def f(x, s):
         return x + 1
 
-    want = _error_of(lambda: call(_swap._ORIGINAL(f, **options), np.asarray(1)))
+    want = error_of(lambda: call(_swap._ORIGINAL(f, **options), np.asarray(1)))
     assert isinstance(want, ValueError) and "Non-hashable static arguments" in str(want)
     g = jax.jit(f, **options)
     assert isinstance(g, kiln.JitFunction)
     for value in (np.asarray(1), [1]):
-        got = _error_of(lambda v=value: call(g, v))
+        got = error_of(lambda v=value: call(g, v))
         assert type(got) is ValueError and "Non-hashable static arguments" in str(got)
     assert call(g, 1).tolist() == [2.0, 2.0] and kiln.stats().misses == 1
-    got = _error_of(lambda: call(g, np.asarray(1)))
+    got = error_of(lambda: call(g, np.asarray(1)))
     assert type(got) is ValueError and "Non-hashable static arguments" in str(got)
     assert call(g, 1).tolist() == [2.0, 2.0] and kiln.stats().misses == 1
 
@@ -216,14 +215,6 @@ def test_a_function_no_weak_reference_can_be_made_to_is_left_to_jax_jit(swapped)
     with pytest.raises(TypeError, match="cannot create weak reference"):
         g(3)
     assert kiln.stats().reasons["jit-swap-jax"] == 1
-
-
-def _error_of(call):
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - the error under test
-        return e
-    raise AssertionError("no error")
 
 
 def test_jax_jit_attributes_are_jax_jit_s(swapped):
@@ -451,11 +442,9 @@ print("RESULT " + json.dumps({"argv": sys.argv[1:], "name": __name__, "out": out
 
 
 def _kiln_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env.update(KILN_CACHE_DIR=str(cwd / "store"), KILN_JAX_CACHE="0", JAX_PLATFORMS="cpu",
-               PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=KILN_SRC)
-    return subprocess.run([sys.executable, "-m", "kiln", "run", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = child_env(KILN_CACHE_DIR=str(cwd / "store"), KILN_JAX_CACHE="0", JAX_PLATFORMS="cpu",
+                    PYTHONDONTWRITEBYTECODE="1")
+    return run_child([sys.executable, "-m", "kiln", "run", *args], cwd=cwd, env=env, timeout=300)
 
 
 def _result(proc: subprocess.CompletedProcess[str]) -> dict:
@@ -522,13 +511,11 @@ def test_tile():
 
 def _pytest(tmp_path: Path, *flags: str, **env_extra: str) -> tuple[int, int, int]:
     (tmp_path / "test_suite.py").write_text(textwrap.dedent(SUITE))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_", "XLA_", "PYTEST_"))}
-    env.update(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
-               PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=KILN_SRC, **env_extra)
-    proc = subprocess.run(
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                    PYTHONDONTWRITEBYTECODE="1", **env_extra)
+    proc = run_child(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py",
-         *flags], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+         *flags], cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     got = re.search(r"kiln: kiln\.jit hits (\d+), misses (\d+), traces (\d+)", proc.stdout)
     assert got, proc.stdout

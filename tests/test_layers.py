@@ -5,13 +5,12 @@ folder's modules are reached through its face (issue 35)."""
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "kiln"
 
@@ -39,11 +38,10 @@ def test_only_jax_compat_imports_jax_private_modules() -> None:
 def test_layers_contract_holds() -> None:
     pytest.importorskip("importlinter")
     root = SRC.parent.parent
-    env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
-    proc = subprocess.run(
+    proc = run_child(
         [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command;"
          " sys.exit(lint_imports_command())"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+        cwd=root, env=child_env(PYTHONPATH=str(SRC.parent)), timeout=120,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "1 kept, 0 broken" in proc.stdout

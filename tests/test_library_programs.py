@@ -15,7 +15,6 @@ library is not installed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -24,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-import kiln
+from kiln_test_children import child_env, finish_child, start_child
 
 LIBRARIES = Path(__file__).resolve().parent.parent / "examples" / "libraries"
-KILN_SRC = str(Path(kiln.__file__).resolve().parents[1])
 
 # script -> modules it needs besides jax and kiln
 PROGRAMS: dict[str, tuple[str, ...]] = {
@@ -65,32 +62,17 @@ KNOWN_FIRST_WARM_MISSES = {
 }
 
 
-def _env(cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    path = [KILN_SRC] if not KILN_SRC.endswith(("site-packages", "dist-packages")) else []
-    env.update(KILN_CACHE_DIR=str(cache), KILN_PROGRESS="0", JAX_PLATFORMS="cpu",
-               PYTHONDONTWRITEBYTECODE="1",
-               PYTHONPATH=os.pathsep.join([*path, env.get("PYTHONPATH", "")]))
-    return env
-
-
 def _start(name: str, mode: str, cache: Path, cwd: Path) -> tuple[subprocess.Popen, str]:
     script = str(LIBRARIES / f"{name}.py")
     argv = [script] if mode == "plain" else ["-m", "kiln", "run", "--jit", "--explain", script]
-    proc = subprocess.Popen([sys.executable, *argv], env=_env(cache), cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return proc, mode
+    env = child_env(KILN_CACHE_DIR=str(cache), KILN_PROGRESS="0", JAX_PLATFORMS="cpu",
+                    PYTHONDONTWRITEBYTECODE="1")
+    return start_child([sys.executable, *argv], env=env, cwd=cwd), mode
 
 
 def _finish(name: str, started: tuple[subprocess.Popen, str]) -> dict[str, Any]:
     proc, mode = started
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, f"{name} ({mode}) failed:\n{err[-6000:]}"
+    out, err = finish_child(proc, f"{name} ({mode})")
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("{")]
     result = json.loads(lines[-1])
     run: dict[str, Any] = {"values": {k: v for k, v in result.items() if k not in TIMINGS},

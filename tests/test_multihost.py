@@ -10,7 +10,6 @@ traces or compiles. Values and output shardings equal ``jax.jit``'s in every pro
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kiln_test_children import child_env, start_child
 
 pytestmark = pytest.mark.slow
 
@@ -208,14 +208,12 @@ def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path],
     port = _free_port()
     procs = []
     for pid in range(nproc):
-        child = {k: v for k, v in os.environ.items()
-                 if not k.startswith(("KILN_", "JAX_", "XLA_"))}
         # (KILN_JAX_CACHE unset: kiln's default, the kiln:// route on in a job too)
-        child |= {"KILN_CACHE_DIR": str(stores[pid % len(stores)]), "JAX_PLATFORMS": "cpu",
-                  **(env or {})}
-        procs.append(subprocess.Popen(
-            [sys.executable, str(script), str(pid), str(nproc), str(port), str(ndev)],
-            env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+        child = child_env(KILN_CACHE_DIR=str(stores[pid % len(stores)]), JAX_PLATFORMS="cpu",
+                          **(env or {}))
+        procs.append(start_child(
+            [sys.executable, script, str(pid), str(nproc), str(port), str(ndev)],
+            env=child, cwd=tmp_path))
     reports = []
     for p in procs:
         try:
@@ -361,11 +359,9 @@ def test_a_process_killed_mid_compile_does_not_hold_up_the_job_s_others(tmp_path
     script.write_text(KILLED_JOB)
     store = tmp_path / "shared"
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env |= {"KILN_CACHE_DIR": str(store), "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), str(store)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=tmp_path) for pid in (0, 1)]
+    env = child_env(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu")
+    procs = [start_child([sys.executable, script, str(pid), str(port), str(store)], env=env,
+                         cwd=tmp_path) for pid in (0, 1)]
     try:
         out0, err0 = procs[0].communicate(timeout=300)
         procs[1].communicate(timeout=60)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 
@@ -109,16 +110,12 @@ print(json.dumps({"g": g.tolist(), "v": v.tolist(), "hits": s.hits, "misses": s.
 @pytest.mark.slow
 def test_noinline_executables_persist_across_processes(tmp_path):
     import json
-    import os
-    import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "cache"))
 
     def run():
-        proc = subprocess.run([sys.executable, "-c", NOINLINE_PROG], env=env, text=True,
-                              capture_output=True, timeout=300)
+        proc = run_child([sys.executable, "-c", NOINLINE_PROG], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

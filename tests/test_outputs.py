@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 pytestmark = pytest.mark.slow
 
@@ -141,18 +142,14 @@ def test_an_output_structure_that_cannot_be_stored_warns_once_and_is_listed(
 def _cold_then_warm(tmp_path: Any, script_text: str) -> list[dict[str, Any]]:
     """Run ``script_text`` in two fresh processes on one empty store; their last JSON lines."""
     import json
-    import os
-    import subprocess
     import sys
 
     script = tmp_path / "script.py"
     script.write_text(script_text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "store")
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"))
     runs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = run_child([sys.executable, script], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-5000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return runs

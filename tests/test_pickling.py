@@ -9,15 +9,14 @@ even with an empty store of its own (jax-ml/jax #4572, #476). Each test runs rea
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 
@@ -120,15 +119,14 @@ if __name__ == "__main__":
 
 
 def _env(cache: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    return env | {"KILN_CACHE_DIR": str(cache), "JAX_PLATFORMS": "cpu", **extra}
+    return child_env(KILN_CACHE_DIR=str(cache), JAX_PLATFORMS="cpu", **extra)
 
 
 def _run(tmp_path: Path, source: str, args: list[str], cache: Path, **extra: str) -> Any:
     script = tmp_path / "prog.py"
     script.write_text(source)
-    proc = subprocess.run([sys.executable, str(script), *args], env=_env(cache, **extra),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = run_child([sys.executable, script, *args], env=_env(cache, **extra), cwd=tmp_path,
+                     timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

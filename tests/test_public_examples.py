@@ -13,7 +13,6 @@ compile nor trace.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kiln_test_children import child_env, finish_child, start_child
 
 PUBLIC = Path(__file__).resolve().parent.parent / "examples" / "public"
 
@@ -37,38 +37,17 @@ COUNTERS = ("hits", "misses", "traces", "compiles")
 
 
 
-def _child_env(mode: str, cache: Path) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))
-    }
-    env["EXAMPLE_JIT"] = "eqx" if mode == "eqx" else "kiln"
-    env["KILN_CACHE_DIR"] = str(cache)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
 def _start(name: str, mode: str, cache: Path, cwd: Path) -> tuple[subprocess.Popen, float]:
-    proc = subprocess.Popen(
-        [sys.executable, str(PUBLIC / f"{name}.py")],
-        env=_child_env(mode, cache),
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = child_env(EXAMPLE_JIT="eqx" if mode == "eqx" else "kiln", KILN_CACHE_DIR=str(cache),
+                    PYTHONDONTWRITEBYTECODE="1")
+    proc = start_child([sys.executable, PUBLIC / f"{name}.py"], env=env, cwd=cwd)
     return proc, time.perf_counter()
 
 
 def _finish(name: str, mode: str, started: tuple[subprocess.Popen, float]) -> dict[str, Any]:
     proc, start = started
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    out, err = finish_child(proc, f"{name} ({mode})")
     wall = time.perf_counter() - start
-    assert proc.returncode == 0, f"{name} ({mode}) failed:\n{err[-6000:]}"
     lines = [line for line in out.splitlines() if line.strip()]
     return {"result": json.loads(lines[-1]), "wall_s": wall, "stderr": err}
 

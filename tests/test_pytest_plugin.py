@@ -3,13 +3,12 @@ compiled, through JAX's cache routed into kiln's store. Real pytest processes.""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import textwrap
 
 import pytest
+from kiln_test_children import child_env, run_child
 
 SUITE = textwrap.dedent('''
     import json, os, sys
@@ -39,20 +38,13 @@ SUITE = textwrap.dedent('''
 ''')
 
 
-# Settings of this (parent) run that the child pytest must not inherit: kiln's and jax's, and
-# pytest's own (PYTEST_XDIST_WORKER made pytest-benchmark, where installed, warn in the child
-# that xdist is active, an INTERNALERROR under filterwarnings = error).
-_PARENT_ONLY = ("KILN_", "JAX_", "XLA_", "PYTEST_")
-
-
 def _pytest(tmp_path, *flags, **env_extra):
     (tmp_path / "test_suite.py").write_text(SUITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_PARENT_ONLY)}
-    env.update(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
-               REPORT=str(tmp_path / "report.json"), PYTHONDONTWRITEBYTECODE="1", **env_extra)
-    proc = subprocess.run(
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                    REPORT=str(tmp_path / "report.json"), PYTHONDONTWRITEBYTECODE="1", **env_extra)
+    proc = run_child(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py", *flags],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     import json
@@ -105,10 +97,9 @@ def test_a_broken_entry_never_fails_a_suite_that_makes_warnings_errors(tmp_path)
 @pytest.mark.slow
 def test_a_bad_kiln_setting_is_one_usage_error(tmp_path):
     (tmp_path / "test_suite.py").write_text(SUITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_PARENT_ONLY)}
-    env.update(KILN_MAX_SIZE="lots", REPORT=str(tmp_path / "r.json"), JAX_PLATFORMS="cpu")
-    proc = subprocess.run(
+    env = child_env(KILN_MAX_SIZE="lots", REPORT=str(tmp_path / "r.json"), JAX_PLATFORMS="cpu")
+    proc = run_child(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py",
-         "--kiln"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+         "--kiln"], cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
     assert "kiln: KILN_MAX_SIZE" in proc.stderr and "INTERNALERROR" not in proc.stdout

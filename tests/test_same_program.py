@@ -58,11 +58,12 @@ def _aliases(store: Any) -> list[Any]:
 
 def _entries(store: Any) -> dict[str, int]:
     """Entries of ``f`` in the store by kind (``kiln ls --json``), and its aliases."""
-    import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "kiln", "ls", "--json", "--store", str(store)],
-                         capture_output=True, text=True, check=True).stdout
+    from kiln_test_children import run_child
+
+    out = run_child([sys.executable, "-m", "kiln", "ls", "--json", "--store", str(store)],
+                    check=True).stdout
     kinds: dict[str, int] = {}
     for row in json.loads(out):
         if row["function"].endswith(".f"):
@@ -182,3 +183,30 @@ def test_a_kiln_jit_function_keeps_one_entry_per_compile(tmp_path: Any, xp: Any)
         xp.assert_cold(p.run(env={"KILN_TEST_TOKEN": token, "KILN_TEST_DECORATED": "1"})["f"])
     assert _entries(p.cache) == {"executable": 2}
     xp.assert_warm(p.run(env={"KILN_TEST_TOKEN": "b", "KILN_TEST_DECORATED": "1"})["f"])
+
+
+def test_the_alias_works_through_a_shared_redis_store(tmp_path: Any, xp: Any,
+                                                       redis_url: str) -> None:
+    """Each run a fresh host (its own local store) with one signed Redis store behind all: the
+    alias and the copies travel through Redis (its put keeps what it holds; an alias is
+    replaced), and a host that holds nothing loads the program another host compiled."""
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+
+    def host(i: int, token: str) -> dict[str, Any]:
+        return p.run(main=MODE, env={"KILN_TEST_TOKEN": token, "KILN_STORE": redis_url,
+                                     "KILN_SIGNING_KEY": "fleet-secret",
+                                     "KILN_CACHE_DIR": str(tmp_path / f"host-{i}")})["f"]
+
+    first = host(0, "a")
+    xp.assert_cold(first)
+    want = _close(first, 2.0)
+    for i, token in enumerate("bcd", start=1):
+        rec = host(i, token)
+        _loaded_after_trace(rec)
+        assert rec["leaves"] == [want]
+        # copies under the first two new fingerprints, then loaded only
+        assert rec["stores_written"] == (1 if i <= 2 else 0), rec
+    warm = host(4, "c")  # a fingerprint a copy was stored under, on a host holding nothing
+    xp.assert_warm(warm)
+    assert warm["leaves"] == [want]

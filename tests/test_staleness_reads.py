@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import sqlite3
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kiln_test_children import run_child
 
 pytestmark = pytest.mark.slow
 
@@ -189,11 +189,11 @@ def _wheel(folder: Path, factor: str) -> Path:
 
 def _pip_install(wheel: Path, target: Path) -> None:
     """Install ``wheel`` into ``target`` with pip, as a user does (not editable)."""
-    subprocess.run(
+    run_child(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-         "--disable-pip-version-check", "--upgrade", "--force-reinstall", "--target",
-         str(target), str(wheel)],
-        check=True, capture_output=True, timeout=120,
+         "--disable-pip-version-check", "--upgrade", "--force-reinstall", "--target", target,
+         wheel],
+        check=True, timeout=120,
     )
 
 

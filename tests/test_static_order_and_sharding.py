@@ -13,8 +13,6 @@ from __future__ import annotations
 import collections
 import functools
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +27,7 @@ from flax.core import FrozenDict
 from flax.nnx.graph import HashableMapping
 from jax.sharding import AxisType, Mesh, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from kiln_test_children import child_env, run_child
 
 import kiln
 from kiln._keys._hashing import static_digest
@@ -57,17 +56,14 @@ def counted(body: Callable[..., Any]) -> tuple[Callable[..., Any], list[int]]:
 def _run(tmp_path: Path, program: str, *argv: str, devices: int = 1, seed: str = "0") -> Any:
     """Run ``program`` in a fresh Python process sharing the store under ``tmp_path``; its last
     stdout line is JSON."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env |= {
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "KILN_CACHE_DIR": str(tmp_path / "cache"),
-        "KILN_JAX_CACHE": "0",
-        "PYTHONHASHSEED": seed,
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=300
+    env = child_env(
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        KILN_CACHE_DIR=str(tmp_path / "cache"),
+        KILN_JAX_CACHE="0",
+        PYTHONHASHSEED=seed,
     )
+    proc = run_child([sys.executable, "-c", program, *argv], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().splitlines()
 

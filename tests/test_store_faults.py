@@ -24,6 +24,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kiln_test_children import child_env, run_child, start_child
 
 import kiln
 from kiln._base import decode, encode
@@ -36,14 +37,13 @@ needs_root = pytest.mark.skipif(not ROOT, reason="mounting a tmpfs and setpriv n
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
-                           str(path)], capture_output=True, text=True)
+    proc = run_child(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path])
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
         yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        run_child(["umount", "-l", path])
 
 
 def _child(code: str, store: Path, *, env: dict[str, str] | None = None,
@@ -65,16 +65,14 @@ def _child(code: str, store: Path, *, env: dict[str, str] | None = None,
                               "store_errors": s.store_errors,
                               "stores_written": s.stores_written}))
         ''')
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
     # KILN_JAX_CACHE=0: these tests count kiln's own entries (the kiln:// route would add the
     # child's eager operations; tests/test_jax_cache.py covers it)
-    child_env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0",
-                     **(env or {}))
+    environment = child_env(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0",
+                            **(env or {}))
     cmd = [sys.executable, "-c", prelude + textwrap.dedent(code)]
     if user is not None:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=300,
-                          cwd="/")
+    proc = run_child(cmd, env=environment, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -104,7 +102,7 @@ def test_read_only_store_serves_hits_and_warns_once(tmp_path: Path) -> None:
     with tmpfs(tmp_path / "mnt", "16m") as mnt:
         store = mnt / "kiln"
         assert _child(FILL, store)["y"] == [2.0] * 3
-        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        run_child(["mount", "-o", "remount,ro", mnt], check=True)
         got = _child(WARM_AND_NEW, store)
     assert got["ys"] == WANT
     assert got["hits_first"] == 1  # read-only: hits still served, without a warning
@@ -204,7 +202,7 @@ def test_a_looping_prune_loses_no_entry_of_a_writer(tmp_path: Path) -> None:
     """Before: a prune swept every temp file, so a concurrent writer lost 39 of 60 entries."""
     store = tmp_path / "kiln"
     stop = tmp_path / "stop"
-    pruner = subprocess.Popen(
+    pruner = start_child(
         [sys.executable, "-c", textwrap.dedent(f'''\
             import os, sys
             from kiln._cli import main
@@ -214,8 +212,7 @@ def test_a_looping_prune_loses_no_entry_of_a_writer(tmp_path: Path) -> None:
                 n += 1
             print("prunes", n)
             ''')],
-        env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
+        env=child_env(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0"), stderr=subprocess.DEVNULL,
     )
     try:
         got = _child('''
@@ -300,11 +297,9 @@ def test_an_entry_planted_by_another_user_is_never_used(
     drop.write_bytes(planted)
     os.chmod(drop, 0o644)
     target = shared / "entries" / key_file.parent.name / key_file.name
-    proc = subprocess.run(  # the second user's tools only (it may not reach this Python)
+    proc = run_child(  # the second user's tools only (it may not reach this Python)
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
-         'mkdir -p -m 777 "$1" && cp "$2" "$3"', "sh", str(target.parent), str(drop),
-         str(target)],
-        capture_output=True, text=True,
+         'mkdir -p -m 777 "$1" && cp "$2" "$3"', "sh", target.parent, drop, target],
     )
     assert proc.returncode == 0, proc.stderr
     assert target.stat().st_uid == 65534
@@ -404,8 +399,8 @@ def test_an_entry_that_goes_bad_while_a_process_waits_for_it_is_reported(
               != "verify-only"]
     LocalStore(store_dir).delete(key)
     f.clear_cache()
-    with subprocess.Popen([sys.executable, "-c", _HOLD_AND_CORRUPT, str(store_dir), key],
-                          stdout=subprocess.PIPE, text=True) as holder:
+    with start_child([sys.executable, "-c", _HOLD_AND_CORRUPT, store_dir, key],
+                     env=child_env(KILN_JAX_CACHE="0"), stderr=None) as holder:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         before = kiln.stats().bad_entries
         if strict:

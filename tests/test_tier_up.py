@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kiln_test_children import child_env, run_child, start_child
 
 import kiln
 from kiln._miss import _tier_up
@@ -215,11 +215,8 @@ print(json.dumps({{"out": out.tolist(), "hits": s.hits, "traces": s.traces,
 def _run(tmp_path, scale, *args, prog=PROG, **env_extra):
     src = tmp_path / "prog.py"
     src.write_text(prog.format(scale=scale))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
-    env.update(env_extra)
-    proc = subprocess.run([sys.executable, str(src), *args], env=env, text=True,
-                          capture_output=True, timeout=300, cwd=tmp_path)
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "cache"), **env_extra)
+    proc = run_child([sys.executable, src, *args], env=env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -332,12 +329,10 @@ def test_warm_inlined_program_with_remaining_callbacks_gets_its_own_callbacks(tm
     # pickled: a warm process must rebuild the *inlined* program's callbacks, not the first's
     src = tmp_path / "mixed.py"
     src.write_text(MIXED)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
     outs = []
     for extra in ({}, {"KILN_VERIFY": verify}):
-        proc = subprocess.run([sys.executable, str(src)], env={**env, **extra}, text=True,
-                              capture_output=True, timeout=300)
+        env = child_env(KILN_CACHE_DIR=str(tmp_path / "cache"), **extra)
+        proc = run_child([sys.executable, src], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
         outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     x = np.arange(3.0, dtype=np.float32)
@@ -414,10 +409,8 @@ def test_ctrl_c_while_waiting_for_tier_up_at_exit_exits_cleanly(tmp_path):
     import signal
     import time
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_", "XLA_"))}
-    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
-    proc = subprocess.Popen([sys.executable, "-c", SIGINT_PROG], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = start_child([sys.executable, "-c", SIGINT_PROG],
+                       env=child_env(KILN_CACHE_DIR=str(tmp_path / "cache")))
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().strip() == "first result"
     seen = []

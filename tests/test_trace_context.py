@@ -5,13 +5,12 @@ and under such a transformation a kiln.jit function now runs as a nested jax.jit
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 
 import jax
 import pytest
+from kiln_test_children import child_env, run_child
 
 import kiln
 from kiln._base import _jax_compat
@@ -35,12 +34,10 @@ def test_axis_size_under_vmap_is_part_of_the_key_in_process() -> None:
 
 @pytest.mark.slow
 def test_axis_size_under_vmap_is_part_of_the_key_across_processes(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KILN_", "JAX_"))}
-    env.update(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu")
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu")
 
     def run(*sizes: int) -> str:
-        proc = subprocess.run([sys.executable, "-c", PROG, *map(str, sizes)], env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = run_child([sys.executable, "-c", PROG, *map(str, sizes)], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout.strip()
 

@@ -4,6 +4,7 @@ device with ``mjx.put_model``, stepped by ``mjx.step`` inside a ``@jax.jit`` ``l
 
     python examples/libraries/mjx_humanoid.py                  # jax.jit, as published
     python -m kiln run --jit examples/libraries/mjx_humanoid.py  # every jax.jit a kiln.jit
+    EXAMPLE_JIT=kiln python examples/libraries/mjx_humanoid.py    # its own jit a kiln.jit
 
 The humanoid starts from its default pose (``mujoco.MjData``, put on the device with
 ``mjx.put_data``), its joint velocities drawn from a fixed seed, and falls under gravity with
@@ -27,6 +28,15 @@ import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
 from mujoco import mjx  # noqa: E402
 
+# EXAMPLE_JIT=kiln: the user's own jit is kiln.jit (kiln imported last, as a user's own tools
+# are); unset, jax.jit as published
+if os.environ.get("EXAMPLE_JIT") == "kiln":
+    import kiln  # noqa: E402
+
+    jit = kiln.jit
+else:
+    jit = jax.jit
+
 _T_IMPORTED = time.perf_counter()
 
 BLOCKS, STEPS_PER_BLOCK, SEED = 2, 100, 0
@@ -40,7 +50,7 @@ def main() -> dict:
     model = mjx.put_model(mj_model)
     data = mjx.put_data(mj_model, mj_data)
 
-    @jax.jit
+    @jit
     def rollout(model, data):
         def step(data, _):
             data = mjx.step(model, data)

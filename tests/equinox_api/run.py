@@ -34,6 +34,7 @@ compute is right when a warm start skips the traces they count; no failure may r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -57,6 +58,20 @@ filterwarnings =
 PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "-p",
           "no:xdist", "-p", "no:randomly", "tests/test_jit.py")
 RUNS = ("plain", "cold", "warm")
+
+
+def _load_children() -> Any:
+    """``tests/children.py``, the suite's harness for child processes (loaded by path: this
+    script runs outside pytest)."""
+    spec = importlib.util.spec_from_file_location("kiln_test_children",
+                                                  HERE.parent / "children.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+children = _load_children()
 
 
 def _git(src: Path) -> list[str] | None:
@@ -88,16 +103,9 @@ def fetch(src: Path, tag: str, out: Path) -> str:
 
 
 def _env(store: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KILN_", "JAX_", "XLA_", "PYTEST_", "EQX_"))}
-    import kiln  # the kiln under test (a checkout's src/ when PYTHONPATH names it)
-
-    src = str(Path(kiln.__file__).resolve().parents[1])
-    if not src.endswith(("site-packages", "dist-packages")):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env.update(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu", EQX_GETKEY_SEED="0",
-               PYTHONDONTWRITEBYTECODE="1")
-    return env
+    # the kiln under test: a checkout's src/ when PYTHONPATH names it (children.KILN_SRC)
+    return children.child_env(KILN_CACHE_DIR=str(store), JAX_PLATFORMS="cpu",
+                              EQX_GETKEY_SEED="0", PYTHONDONTWRITEBYTECODE="1")
 
 
 def run(kind: str, folder: Path, store: Path) -> dict[str, Any]:
@@ -105,8 +113,8 @@ def run(kind: str, folder: Path, store: Path) -> dict[str, Any]:
     outcome per test."""
     xml = folder / f"{kind}-{store.name}.xml"
     head = ("-m", "kiln", "run", "--jit") if kind != "plain" else ()
-    proc = subprocess.run([sys.executable, *head, *PYTEST, f"--junitxml={xml}"], cwd=folder,
-                          env=_env(store), capture_output=True, text=True, timeout=1800)
+    proc = children.run_child([sys.executable, *head, *PYTEST, f"--junitxml={xml}"],
+                              cwd=folder, env=_env(store), timeout=1800)
     if not xml.exists():
         raise RuntimeError(f"{kind} run did not finish:\n{proc.stdout[-4000:]}"
                            f"\n{proc.stderr[-4000:]}")

@@ -203,7 +203,9 @@ class _Miss:
             got = self._load(entry_key, lowered=lowered)
         if got.outcome is not Outcome.HIT or got.entry is None:
             return None
-        copies = int(alias.get("copies", 0))
+        copies = alias.get("copies")
+        if not isinstance(copies, int):  # (never written so: store no copy)
+            copies = _SAME_PROGRAM_COPIES
         stored = (copies < _SAME_PROGRAM_COPIES
                   and self.writer.put_same_program(fp_key, manifest, got.entry))
         if stored:

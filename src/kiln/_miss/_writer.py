@@ -80,7 +80,8 @@ class EntryWriter:
         header = {"kind": "alias", "function": self.request.function,
                   "signature": self.keys.signature, "lowered": self.program.lowered_facts[0],
                   "entry": key, "copies": copies, "created": time.time()}
-        self.ctx.replace_keys.add(alias_key)  # (a remote store's put keeps the alias it holds)
+        # (an alias this miss read is replaced: EntryReader.alias; the mode reads it before
+        # every compile that writes one)
         self.put(alias_key, header, {}, counted=False)
 
     def put_same_program(self, key: str, manifest: list[list[str]], entry: Entry) -> bool:
