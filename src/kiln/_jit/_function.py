@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import threading
 import types
 import warnings
@@ -36,9 +35,19 @@ from typing import Any
 
 import jax
 
-from .._base import Config, _jax_compat, _stats
+from .._base import _jax_compat, _stats
 from .._keys import STATIC_LEAF, _args, script_module
-from .._miss import Box, Call, Miss, _explain, _tier_up, abstract_sig, with_static_outputs
+from .._miss import (
+    Call,
+    Miss,
+    Once,
+    Request,
+    Statics,
+    _explain,
+    _tier_up,
+    abstract_sig,
+    with_static_outputs,
+)
 from .._travel import _jax_cache, _pickling
 from . import _dispatch, _prepare, _stages
 from ._dispatch import unwrapped
@@ -47,8 +56,6 @@ from ._prepare import TO_JAX
 from ._wrappers import JitWrappers
 
 __all__ = ["JitFunction"]
-
-logger = logging.getLogger("kiln")
 
 _instances: weakref.WeakSet[JitFunction] = weakref.WeakSet()
 
@@ -158,6 +165,7 @@ class JitFunction:
         self._table, self._lock, self._entries = _shared_state(fun, opts.identity())
         self._hot_calls = 0
         self._may_tier_up = True  # False for kiln.noinline's own executables
+        self._not_stored = Once()  # the warning that its executables cannot be stored
         _instances.add(self)
         self._name = getattr(fun, "__qualname__", type(fun).__qualname__)
         self._module = script_module(getattr(fun, "__module__", None) or type(fun).__module__)
@@ -218,12 +226,20 @@ class JitFunction:
         ``_cache_size``): one per signature called or compiled so far."""
         return len(self._table)
 
-    # -- what the miss path asks (kiln._miss._call.KilnFunction) ---------------------------
-    def _flat_jitted(self, call: Call) -> tuple[Callable[..., Any], Any, Box]:
-        return self._wrappers.flat(call)
-
-    def _donated_leaves(self, call: Call) -> tuple[int, ...]:
-        return self._wrappers.donated_leaves(call)
+    # -- what the miss path is given ----------------------------------------------------------
+    def _request(self, call: Call) -> Request:
+        """The record of what a miss of ``call`` reads (its static values resolved once)."""
+        statics = Statics.of(call)
+        # uncompiled: the function of the array leaves as plain Python (jax.disable_jit);
+        # jitted: its jax.jit, which the miss traces, lowers and compiles
+        uncompiled, jitted, box = self._wrappers.flat(call, statics.leaves)
+        return Request(
+            call=call, statics=statics, fun=self._fun, name=self._name, module=self._module,
+            options=self._options, uncompiled=uncompiled, jitted=jitted, box=box,
+            donated=self._wrappers.donated_leaves(call, statics.leaves),
+            may_tier_up=self._may_tier_up, same_program_alias=self._same_program_alias,
+            not_stored=self._not_stored,
+        )
 
     # -- calling ------------------------------------------------------------------------------
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
@@ -322,11 +338,11 @@ class JitFunction:
 
         def miss() -> Miss:
             if not made:
-                made.append(Miss(self, call))
+                made.append(Miss(self._request(call)))
             return made[0]
 
         def lower_program() -> jax.stages.Lowered:
-            return miss().program.lower()
+            return miss().lower()  # type: ignore[no-any-return]
 
         def compile(compiler_options: dict[str, Any] | None = None,
                     device_assignment: Any = None) -> _stages.Compiled:
@@ -374,20 +390,17 @@ class JitFunction:
             if executable is not None:
                 return executable
             if miss is None:
-                miss = Miss(self, call)
+                miss = Miss(self._request(call))
             if _jax_compat.jit_disabled():
-                self._table[call.key] = miss.uncompiled
-                return miss.uncompiled
-            reason = miss.explain.memory_reason = self._memory_miss_reason(call, miss.cfg)
-            if reason and reason[0] == "re-created":
-                miss.explain.memory_miss()  # costly even when the store hits: say it now
-            executable = miss.run()
-            self._verify_reason = miss.unsound
-            self._table[call.key] = executable
-            self._entries.append(miss.entries)  # (tier-up may add to it later)
-            if miss.policy.start:
-                _tier_up.start(miss, functools.partial(self._swap_in, call.key))
-            return executable
+                self._table[call.key] = miss.request.uncompiled
+                return miss.request.uncompiled
+            result = miss.run(functools.partial(self._memory_miss_reason, call))
+            self._verify_reason = result.verify_reason
+            self._table[call.key] = result.executable
+            self._entries.append(result.entries)  # (tier-up may add to it later)
+            if result.tier_up is not None:
+                _tier_up.start(result.tier_up, functools.partial(self._swap_in, call.key))
+            return result.executable
 
     def _swap_in(self, key: Any, executable: Any) -> None:
         """Put a tier-up's inlined executable in place of the first one for ``key`` (unless
@@ -398,12 +411,11 @@ class JitFunction:
                 if self._dispatch is not None:
                     self._dispatch._clear_cache()
 
-    def _memory_miss_reason(self, call: Call, cfg: Config) -> tuple[str, str] | None:
+    def _memory_miss_reason(self, call: Call) -> tuple[str, str]:
         """(kind, message) explaining why this call missed the in-process table: kind
         ``new-function``, ``re-created`` (a kiln.jit made again around a function made again,
-        said before the store is read: costly even when it hits) or ``signature``."""
-        if not (cfg.explain or logger.isEnabledFor(logging.DEBUG)):
-            return None
+        said before the store is read: costly even when it hits) or ``signature``. (Asked by
+        the miss only when explanations are wanted.)"""
         if not self._table:
             n = _creations.get(_code_of(self._fun), 0)
             hint = (

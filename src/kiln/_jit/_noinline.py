@@ -144,7 +144,7 @@ class NoinlineFunction:
 
                 name = f"{getattr(fun, '__qualname__', 'fun')}[noinline]"
                 module = getattr(fun, "__module__", None) or "__main__"
-                sub = Sub(flat, name, module, _api.jit, tier_up=self._tier_up)
+                sub = Sub(flat, name, module, _own_jit, tier_up=self._tier_up)
                 got = self._subs[key] = (sub, out)
             return got
 
@@ -186,6 +186,14 @@ class NoinlineFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, _, sub, tree = self._prepare(args, kwargs)
         return jax.tree_util.tree_unflatten(tree, noinline_p.bind(*leaves, fn=sub))
+
+
+def _own_jit(flat_fun: Callable[..., Any]) -> Any:
+    """The kiln.jit of a noinline function's flat function (and of those derived from it): its
+    callers tier up; its own executable stays as it is."""
+    jf = _api.jit(flat_fun)
+    jf._may_tier_up = False
+    return jf
 
 
 def _unpickle(fun: Any, static_argnames: list[str], tier_up: bool,

@@ -45,8 +45,6 @@ def prepare(options: JitOptions, name: str, args: tuple[Any, ...],
     The key is None under a transformation (a tracer among the leaves, or an outer trace the
     function may close over), and :data:`TO_JAX` for arguments kiln.jit hands to the plain
     jax.jit (a leaf that is not a JAX type: jax's own TypeError)."""
-    if _args.MULTI_DEVICE is None:
-        _args.MULTI_DEVICE = jax.device_count() > 1
     if options.filter_jit and options.signature is not None:
         # equinox binds to the signature: f(x, y=1) and f(x, 1) are one program
         bound = options.signature.bind(*args, **kwargs)

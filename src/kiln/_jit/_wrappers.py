@@ -15,7 +15,7 @@ import jax
 
 from .._base import _jax_compat
 from .._keys import ARRAY_TYPES, _args
-from .._miss import Box, Call, abstract_sig, is_static_output
+from .._miss import Box, Call, Statics, abstract_sig, is_static_output
 from ._options import JitOptions
 
 __all__ = ["JitWrappers"]
@@ -97,9 +97,12 @@ class JitWrappers:
         self._name_as_jax(inner, call, {})
         return self._inner_jit(inner, donate_argnums=donate, donate_argnames=dnames or None)
 
-    def flat(self, call: Call) -> tuple[Callable[..., Any], Any, Box]:
+    def flat(self, call: Call, static_leaves: dict[int, Any] | None = None
+             ) -> tuple[Callable[..., Any], Any, Box]:
         """(direct, jitted, box): ``jax.jit`` of ``inner(*array_leaves)``, one per static
         configuration; ``direct``: the same function not jitted (``jax.disable_jit``).
+        ``static_leaves``: ``Statics.of(call).leaves`` where the caller has it (a miss),
+        else resolved here when the configuration is new.
 
         kiln.filter_jit's static leaves (leaves that are not arrays, such as an equinox
         Module's functions and ints) are bound here, as ``equinox.filter_jit`` does; so are
@@ -110,7 +113,8 @@ class JitWrappers:
         got = self._flat.get(cache_key)
         if got is not None:
             return got
-        static_leaves = call.static_leaves()
+        if static_leaves is None:
+            static_leaves = Statics.of(call).leaves
         merge = self._merge(call.statics, n_dyn)
         n_leaves = treedef.num_leaves
         box = Box()
@@ -147,7 +151,7 @@ class JitWrappers:
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
         self._name_as_jax(inner, call, static_leaves)
-        donate = self._donated(call, static_leaves)
+        donate = self.donated_leaves(call, static_leaves)
         shardings = self._flat_shardings(treedef, static_leaves)
         got = self._flat[cache_key] = (
             direct, self._inner_jit(inner, donate_argnums=donate, **shardings), box
@@ -197,11 +201,9 @@ class JitWrappers:
             warnings.filterwarnings("ignore", "backend and device argument", DeprecationWarning)
             return jax.jit(inner, **kwargs, **self._options.jax_options)
 
-    def donated_leaves(self, call: Call) -> tuple[int, ...]:
-        """The indices of the array leaves the flat jax.jit of ``call`` donates."""
-        return self._donated(call, call.static_leaves())
-
-    def _donated(self, call: Call, static_leaves: dict[int, Any]) -> tuple[int, ...]:
+    def donated_leaves(self, call: Call, static_leaves: dict[int, Any]) -> tuple[int, ...]:
+        """The indices of the array leaves the flat jax.jit of ``call`` donates
+        (``static_leaves``: ``Statics.of(call).leaves``)."""
         options, treedef = self._options, call.treedef
         args_def, kwargs_def = treedef.children()
         donated: list[int] = []

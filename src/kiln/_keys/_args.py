@@ -14,7 +14,7 @@ import numpy as np
 
 from .._base import _jax_compat
 
-__all__ = ["leaf_sig", "filter_leaf_sig", "STATIC_LEAF", "ARRAY_TYPES", "MULTI_DEVICE",
+__all__ = ["leaf_sig", "filter_leaf_sig", "STATIC_LEAF", "ARRAY_TYPES", "multi_device",
            "check_argnames", "normalize_argnums", "normalize_argnames", "dyn_positions",
            "leaf_paths", "param_name"]
 
@@ -110,9 +110,18 @@ def leaf_paths(
 STATIC_LEAF = "<static leaf>"
 _SCALARS = (int, float, bool, complex)
 _ARRAY_IMPL = _jax_compat.ArrayImpl
-# several devices: a leaf's sharding picks the executable too. Set on the first call, not at
-# import (importing kiln must not start the XLA backend).
-MULTI_DEVICE: bool | None = None
+# multi_device(), once asked (None: not yet)
+_multi_device: bool | None = None
+
+
+def multi_device() -> bool:
+    """Whether this process sees several devices: then a leaf's sharding picks the executable
+    too, and a key names the default device. Found on first use, not at import (importing
+    kiln must not start the XLA backend)."""
+    global _multi_device
+    if _multi_device is None:
+        _multi_device = jax.device_count() > 1
+    return _multi_device
 
 
 def _array_sig(x: Any) -> Any:
@@ -121,12 +130,14 @@ def _array_sig(x: Any) -> Any:
     ``jax.random``) lives on the process's default device and constrains nothing, as in
     ``jax.jit``: its sharding is None, so the processes of a multi-process job, each with its
     own default device, share one key."""
-    if not MULTI_DEVICE:
+    if _multi_device is False:  # (the hot path: one global read)
+        return x.aval
+    if _multi_device is None and not multi_device():
         return x.aval
     return (x.aval, x.sharding if x.committed else None)
 
 
-_scalar_avals: dict[tuple[type, bool], Any] = {}
+_scalar_sigs: dict[tuple[type, bool], Any] = {}
 
 
 def _scalar_sig(t: type) -> Any:
@@ -135,10 +146,11 @@ def _scalar_sig(t: type) -> Any:
     returned>)`` are one program, as in ``jax.jit`` (a flax ``TrainState``'s ``step``). Its value
     is checked when it runs (an int too large for int32 raises jax's OverflowError)."""
     x64 = bool(jax.config.jax_enable_x64)  # type: ignore[attr-defined]
-    aval = _scalar_avals.get((t, x64))
-    if aval is None:
-        aval = _scalar_avals[(t, x64)] = jax.typeof(t(0))
-    return (aval, None) if MULTI_DEVICE else aval
+    sig = _scalar_sigs.get((t, x64))
+    if sig is None:
+        aval = jax.typeof(t(0))
+        sig = _scalar_sigs[(t, x64)] = (aval, None) if multi_device() else aval
+    return sig
 
 
 def leaf_sig(x: Any) -> Any:

@@ -236,7 +236,7 @@ class KeyParts:
               (("in_shardings", in_shardings), ("out_shardings", out_shardings))
               if v is not None],
         ]
-        if _args.MULTI_DEVICE and in_shardings is None and not any(
+        if _args.multi_device() and in_shardings is None and not any(
                 isinstance(s, tuple) and s[1] is not None for s in sigs):
             # no committed argument: jax.jit runs the program on this process's default
             # device, so the executable is bound to it (in a multi-process job each process

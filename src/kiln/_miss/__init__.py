@@ -1,9 +1,11 @@
 """The miss path: what happens when a call's key is not in the process's table.
 
-``_call`` (what ``kiln._jit`` hands it: the :class:`Call` record and the function), ``_compile``
-(one miss: load the key's entry, or single-flight trace, lower, compile and write it), made of
-``_call_keys`` (the call's store keys), ``_program`` (the trace and its lowerings), ``_reader``
-(load and check an entry, a bad entry), ``_writer`` (compile, serialize, write) and ``_tier_up``
+``_call`` (what ``kiln._jit`` hands it: the :class:`Call` record, and for a miss one
+:class:`Request` of what the miss reads), ``_compile`` (one miss: load the key's entry, or
+single-flight trace, lower, compile and write it, returning one result), made of ``_call_keys``
+(the call's store keys), ``_program`` (the trace and its lowerings), ``_context`` (what the
+reader and the writer share), ``_reader`` (load and check an entry, a bad entry),
+``_writer`` (compile, serialize, write) and ``_tier_up``
 (which form of a program calling noinline functions compiles when; the optimised one in the
 background); ``_outputs`` (kiln.filter_jit's non-array outputs), ``_noinline_p`` (the primitive
 a :func:`kiln.noinline` call binds), ``_explain`` (``KILN_EXPLAIN``: why a call missed) and
@@ -11,6 +13,9 @@ a :func:`kiln.noinline` call binds), ``_explain`` (``KILN_EXPLAIN``: why a call 
 """
 
 from ._call import Call as Call
+from ._call import Once as Once
+from ._call import Request as Request
+from ._call import Statics as Statics
 from ._compile import _Miss as Miss
 from ._noinline_p import DERIVE as DERIVE
 from ._noinline_p import _Sub as Sub
@@ -25,4 +30,5 @@ from ._outputs import with_static_outputs as with_static_outputs
 from ._tier_up import wait_for_tier_up as wait_for_tier_up
 
 __all__ = ["abstract_sig", "avals_of", "Box", "Call", "DERIVE", "derived_name", "is_static_output",
-           "Miss", "noinline_p", "split_linear", "Sub", "wait_for_tier_up", "with_static_outputs"]
+           "Miss", "noinline_p", "Once", "Request", "split_linear", "Statics", "Sub",
+           "wait_for_tier_up", "with_static_outputs"]

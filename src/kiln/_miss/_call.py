@@ -1,16 +1,19 @@
 """What the miss path is given: one call (:class:`Call`, made by ``kiln._jit``'s
-``JitFunction._prepare`` and passed whole) and the function it calls (:class:`KilnFunction`,
-what the miss path reads of ``kiln._jit._function.JitFunction``, which it never imports).
+``JitFunction._prepare``) and, for a miss of it, one record of everything the miss reads
+(:class:`Request`, made once by ``kiln._jit._function.JitFunction``, which the miss path never
+imports): the function's name, options and flat jax.jit, the call's static values resolved
+once (:class:`Statics`), and where the function says it warned already (:class:`Once`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from .._keys import STATIC_LEAF
 
-__all__ = ["Call", "KilnFunction", "Options"]
+__all__ = ["Call", "Once", "Options", "Request", "Statics"]
 
 
 class Call(NamedTuple):
@@ -25,19 +28,26 @@ class Call(NamedTuple):
     treedef: Any  # of (dyn_args, dyn_kwargs)
     sigs: tuple[Any, ...]  # per leaf of (dyn_args, dyn_kwargs): kiln._keys._args.leaf_sig
 
-    def static_leaves(self) -> dict[int, Any]:
-        """kiln.filter_jit's leaves that are not arrays (keyed by value), by their index among
-        all leaves of (dyn_args, dyn_kwargs)."""
-        if STATIC_LEAF not in self.sigs:
-            return {}
-        all_leaves = self.treedef.flatten_up_to((self.dyn_args, self.dyn_kwargs))
-        return {i: x for i, (x, s) in enumerate(zip(all_leaves, self.sigs, strict=True))
-                if s is STATIC_LEAF}
 
-    def all_statics(self, static_leaves: dict[int, Any]) -> tuple[tuple[Any, Any], ...]:
-        """The static arguments, then the static leaves (``static_leaves()``) by
-        ``("leaf", index)``."""
-        return self.statics + tuple((("leaf", i), x) for i, x in static_leaves.items())
+class Statics(NamedTuple):
+    """A call's static values, resolved once per miss (:meth:`of`).
+
+    ``leaves``: kiln.filter_jit's leaves that are not arrays (keyed by value), by their index
+    among all leaves of (dyn_args, dyn_kwargs). ``all``: the static arguments, then those
+    leaves by ``("leaf", index)``.
+    """
+
+    leaves: dict[int, Any]
+    all: tuple[tuple[Any, Any], ...]
+
+    @classmethod
+    def of(cls, call: Call) -> Statics:
+        if STATIC_LEAF not in call.sigs:
+            return cls({}, call.statics)
+        all_leaves = call.treedef.flatten_up_to((call.dyn_args, call.dyn_kwargs))
+        leaves = {i: x for i, (x, s) in enumerate(zip(all_leaves, call.sigs, strict=True))
+                  if s is STATIC_LEAF}
+        return cls(leaves, call.statics + tuple((("leaf", i), x) for i, x in leaves.items()))
 
 
 class Options(Protocol):
@@ -62,19 +72,56 @@ class Options(Protocol):
     def traced_fun(self) -> tuple[Any, ...]: ...  # (fun,): a hidden first argument, or ()
 
 
-class KilnFunction(Protocol):
-    """What the miss path reads of the function it compiles
-    (``kiln._jit._function.JitFunction``)."""
+class Once:
+    """A thing said once per kiln function (its owner keeps one): :meth:`first` is True the
+    first time it is asked only."""
 
-    _fun: Any
-    _name: str
-    _module: str
-    _may_tier_up: bool  # False for kiln.noinline's own executables
-    _same_program_alias: bool  # a fingerprint miss looks up the lowered module (the jax.jit swap)
+    def __init__(self) -> None:
+        self.done = False
+
+    def first(self) -> bool:
+        if self.done:
+            return False
+        self.done = True
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one miss reads of the function it compiles and of the call, made once per miss.
+
+    Attributes:
+        call: the call that missed.
+        statics: its static values, resolved once (the keys, the program and the flat jax.jit
+            take them from here).
+        fun: the user's function (its code and globals are fingerprinted and checked).
+        name, module: its qualified name and module (``kiln ls``'s ``module.name``).
+        options: its options record.
+        uncompiled: the function of the array leaves as plain Python (``jax.disable_jit``).
+        jitted: its flat jax.jit, which the miss traces, lowers and compiles.
+        box: where that trace leaves kiln.filter_jit's non-array outputs.
+        donated: the indices of the array leaves ``jitted`` donates.
+        may_tier_up: False for kiln.noinline's own executables.
+        same_program_alias: a fingerprint miss looks up the lowered module under the call's
+            alias entry (the jax.jit swap's functions).
+        not_stored: said once per function: its executable cannot be stored.
+    """
+
+    call: Call
+    statics: Statics
+    fun: Any
+    name: str
+    module: str
+    options: Options
+    uncompiled: Callable[..., Any]
+    jitted: Any
+    box: Any
+    donated: tuple[int, ...]
+    may_tier_up: bool
+    same_program_alias: bool
+    not_stored: Once
 
     @property
-    def _options(self) -> Options: ...
-
-    def _flat_jitted(self, call: Call) -> tuple[Callable[..., Any], Any, Any]: ...
-
-    def _donated_leaves(self, call: Call) -> tuple[int, ...]: ...
+    def function(self) -> str:
+        """``module.name``, as entry headers and explanations name the function."""
+        return f"{self.module}.{self.name}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import jax
 import numpy as np
@@ -21,7 +20,7 @@ from .._keys import (
     static_digest_by_code,
     treedef_parts,
 )
-from ._call import Call, KilnFunction
+from ._call import Request
 
 __all__ = ["CallKeys"]
 
@@ -48,17 +47,18 @@ class CallKeys:
     unsound: str | None
 
     @classmethod
-    def of(cls, fun: KilnFunction, call: Call, static_leaves: dict[int, Any]) -> CallKeys:
-        """The keys of ``call`` of ``fun`` (``static_leaves``: ``call.static_leaves()``)."""
+    def of(cls, request: Request) -> CallKeys:
+        """The keys of ``request``'s call."""
+        call, options = request.call, request.options
         sigs = tuple(s for s in call.sigs if s is not _args.STATIC_LEAF)
         structure, extra = treedef_parts(call.treedef)
         signature = avals_text(sigs)
         unsound = None
-        statics = call.all_statics(static_leaves)
-        values = {_args.param_name(fun._options.positional, where): value
+        statics = request.statics.all
+        values = {_args.param_name(options.positional, where): value
                   for where, value in statics}
-        leaf_paths = (_args.leaf_paths(fun._options.positional, call.dyn_args, call.dyn_kwargs,
-                                       statics) if static_leaves else [])
+        leaf_paths = (_args.leaf_paths(options.positional, call.dyn_args, call.dyn_kwargs,
+                                       statics) if request.statics.leaves else [])
         static_parts, static_text = [], []
         for keyname, digest in call.static_key:
             value = values[keyname]
@@ -91,19 +91,19 @@ class CallKeys:
             )
         if static_text:
             signature += "; static " + ", ".join(static_text)
+        fun = request.fun
         t0 = time.perf_counter()
         # a function whose arrays are a hidden first argument (filter_jit of a Module: its
         # leaves and structure are keyed as an argument's) counts by its class's code
-        fp = fingerprint(type(fun._fun) if fun._options.traced_fun else fun._fun, extra=extra)
+        fp = fingerprint(type(fun) if options.traced_fun else fun, extra=extra)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if not fp.sound and unsound is None:
             unsound = fp.reason
-        options = fun._options
         parts = KeyParts.for_call(
-            function=f"{fun._module}.{fun._name}", structure=structure, sigs=sigs,
+            function=request.function, structure=structure, sigs=sigs,
             statics=static_parts, jit_options=options.jax_options,
             in_shardings=options.in_shardings, out_shardings=options.out_shardings,
-            donated=fun._donated_leaves(call), filter_jit=options.filter_jit,
+            donated=request.donated, filter_jit=options.filter_jit,
         )
         return cls(parts, fp, signature, unsound)
 

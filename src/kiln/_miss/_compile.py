@@ -2,26 +2,32 @@
 (single-flight with other processes) trace, lower, compile and write it; and which form of a
 program that calls noinline functions is compiled when (``_tier_up.Policy``).
 
-One :class:`_Miss` per in-process miss of one signature, made of: :class:`CallKeys` (the keys),
-:class:`Program` (the trace and its lowerings, see ``_program`` for the words), an
-:class:`EntryReader` (load, check, a bad entry), an :class:`EntryWriter` (compile, serialize,
-write) and a tier-up ``Policy``. It knows its function through :class:`KilnFunction` (what
-``kiln._jit._function.JitFunction`` gives it), and never imports ``_jit``.
+One :class:`_Miss` per in-process miss of one signature. It takes one record of what it reads
+of the function and the call (:class:`Request`, made by ``kiln._jit._function.JitFunction``;
+the miss path never imports ``_jit``) and :meth:`_Miss.run` returns one :class:`Result` (the
+executable, the entries it loaded or wrote, the tier-up to start, why it took the verify path).
+It is made of: :class:`CallKeys` (the keys), :class:`Program` (the trace and its lowerings, see
+``_program`` for the words), an :class:`EntryReader` (load, check, a bad entry: it returns what
+it found) and an :class:`EntryWriter` (compile, serialize, write), which share one
+:class:`MissContext`, and a tier-up ``Policy``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._base import StoreError, _stats, get_config, short_key
 from .._keys import manifest_for
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
 from . import _tier_up
-from ._call import Call, KilnFunction
+from ._call import Request
 from ._call_keys import CallKeys
+from ._context import MissContext
 from ._explain import Explainer
 from ._program import Program, structs
 from ._progress import compiling
@@ -48,41 +54,88 @@ def _holding(lease: Lease | None, seconds: float) -> Any:
         held.release()
 
 
-class _Miss:
-    """One in-process miss: load from the store or compile, then store."""
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What one miss gives the function's table (:meth:`_Miss.run`).
 
-    def __init__(self, jf: KilnFunction, call: Call) -> None:
-        self.jf = jf
+    Attributes:
+        executable: the callable executable, loaded or compiled (or the flat jax.jit itself,
+            for a trace jax.jit must run: ``_Miss._jax_runs_it``).
+        entries: (store, key) of the executable entries the miss loaded or wrote: what a kiln
+            function pickled by value carries with it (a tier-up started adds its own later).
+        verify_reason: why the call took the verify path; None: keyed by its fingerprint.
+        tier_up: the tier-up to start once ``executable`` is in the table
+            (:func:`_tier_up.start`), or None.
+    """
+
+    executable: Any
+    entries: list[tuple[Store, str]]
+    verify_reason: str | None
+    tier_up: _tier_up.Plan | None
+
+
+def _no_reason() -> tuple[str, str] | None:
+    return None
+
+
+class _Miss:
+    """One in-process miss of ``request``'s call: load from the store or compile, then store."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
         self.cfg = cfg = get_config()
-        static_leaves = call.static_leaves()
-        # uncompiled: the function of the array leaves as plain Python (jax.disable_jit);
-        # jitted: its jax.jit, which this miss traces, lowers and compiles
-        self.uncompiled, jitted, box = jf._flat_jitted(call)
         self.store: Store = open_store(cfg)
+        call = request.call
         # (made right before the keys: the modules the fingerprint's static walk can see)
-        self.program = Program(jf._name, jitted, call.leaves, box, call.treedef,
-                               call.all_statics(static_leaves), cfg)
-        self.keys = CallKeys.of(jf, call, static_leaves)
+        self.program = Program(request.name, request.jitted, call.leaves, request.box,
+                               call.treedef, request.statics.all, cfg)
+        self.keys = CallKeys.of(request)
         self.unsound = self.keys.unsound  # why this call takes the verify path, or None
-        self.explain = Explainer(jf._name, cfg.explain)
-        self.policy = _tier_up.Policy(self.program, cfg.tier_up, jf._may_tier_up, self.explain)
-        # (store, key) of the executable entries this miss loaded or wrote (tier-up's too):
-        # what a kiln function pickled by value carries with it
-        self.entries: list[tuple[Store, str]] = []
-        self.reader = EntryReader(jf, cfg, self.store, self.program, self.keys, self.explain,
-                                  self.entries, self.policy)
-        self.writer = EntryWriter(jf, cfg, self.store, self.program, self.keys, self.explain,
-                                  self.entries, self.reader.replace_keys)
+        self.explain = Explainer(request.name, cfg.explain)
+        self.policy = _tier_up.Policy(self.program, cfg.tier_up, request.may_tier_up,
+                                      self.explain)
+        self.ctx = MissContext(request, cfg, self.store, self.program, self.keys, self.explain)
+        self.reader = EntryReader(self.ctx)
+        self.writer = EntryWriter(self.ctx)
         self.fp_key: str | None = None
         self.inlined_key: str | None = None  # the verify path's key of the inlined form
 
+    def lower(self) -> Any:
+        """The call's program lowered (``jax.stages.Lowered``), as compiling it would."""
+        return self.program.lower()
+
     # -- the flow -----------------------------------------------------------------------------
-    def run(self) -> Any:
+    def run(self, memory_reason: Callable[[], tuple[str, str] | None] = _no_reason) -> Result:
+        """Load or compile the call's executable, and store it.
+
+        ``memory_reason``: (kind, message) saying why the call missed the process's table,
+        asked only when explanations are wanted; said when the store misses too, or at once
+        for kind ``re-created`` (costly even when the store hits)."""
+        if self.explain.wanted:
+            reason = self.explain.memory_reason = memory_reason()
+            if reason and reason[0] == "re-created":
+                self.explain.memory_miss()
+        executable = self._run()
+        plan = None
+        if self.policy.start:
+            plan = _tier_up.Plan(self.request.name, self.program, self.policy, self.explain,
+                                 self.compile_inlined)
+        return Result(executable, self.ctx.entries, self.unsound, plan)
+
+    def _load(self, key: str, *, lowered: str | None = None) -> Loaded:
+        """The reader's :meth:`EntryReader.load` of ``key``; an entry found that is tier-up's
+        first tier tells the policy (a tier-up in this process, where tier-up is on)."""
+        got = self.reader.load(key, lowered=lowered)
+        if got.first_tier:
+            self.policy.loaded_first_tier(key)
+        return got
+
+    def _run(self) -> Any:
         t_start = time.perf_counter()
         fp_key = None if self.unsound else self.keys.fingerprint_key()
         self.fp_key = fp_key
         if fp_key is not None:
-            got = self.reader.load(fp_key)
+            got = self._load(fp_key)
             if got.outcome is Outcome.HIT:
                 return got.executable
             if got.outcome is Outcome.VERIFY_ONLY:
@@ -118,7 +171,7 @@ class _Miss:
         if reason is not None:
             self.unsound = reason
             self.explain("verify-path", f"taking the verify path: {reason}")
-            marker = {"kind": "verify-only", "function": f"{self.jf._module}.{self.jf._name}",
+            marker = {"kind": "verify-only", "function": self.request.function,
                       "signature": self.keys.signature, "reason": reason,
                       "created": time.time()}
             self.writer.put(fp_key, marker, {})
@@ -137,7 +190,7 @@ class _Miss:
         has changed that way ``_SAME_PROGRAM_COPIES`` times in a row (it differs in every
         process: each one traces and lowers, and the store does not grow). None: nothing
         stored for it, or another program (compile)."""
-        if not self.jf._same_program_alias or self.policy.candidate:
+        if not self.request.same_program_alias or self.policy.candidate:
             return None  # (tier-up's forms are keyed by their own modules)
         alias = self.reader.alias(self.keys.alias_key())
         if alias is None:
@@ -147,7 +200,7 @@ class _Miss:
         if alias.get("lowered") != lowered or not isinstance(entry_key, str):
             return None  # the program changed too
         with self.explain.quietly():
-            got = self.reader.load(entry_key, lowered=lowered)
+            got = self._load(entry_key, lowered=lowered)
         if got.outcome is not Outcome.HIT or got.entry is None:
             return None
         copies = alias.get("copies")
@@ -175,13 +228,13 @@ class _Miss:
         if self.policy.tier_up and self.policy.candidate:
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self.keys.verify_key(self.program.inlined_facts[0], inlined=True)
-            got = self.reader.load(self.inlined_key)
+            got = self._load(self.inlined_key)
             if got.outcome is Outcome.HIT:
                 return got.executable
             if self.policy.inline_directly:
                 return self._compile_and_store(self.inlined_key, None, t_start)
         vkey = self.keys.verify_key(self.program.lowered_facts[0])
-        got = self.reader.load(vkey)
+        got = self._load(vkey)
         if got.outcome is Outcome.HIT:
             return got.executable
         return self._compile_and_store(vkey, None, t_start)
@@ -220,7 +273,7 @@ class _Miss:
 
         def look() -> tuple[bool, Loaded | None]:
             with self.explain.quietly():  # (polling: no miss explanations, no second warning)
-                got = self.reader.load(key)
+                got = self._load(key)
             if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY, Outcome.NOT_STORABLE):
                 return True, got
             return got.outcome not in (Outcome.ABSENT, Outcome.STALE), None
@@ -228,7 +281,7 @@ class _Miss:
         def waiting() -> contextlib.AbstractContextManager[None]:
             self.explain("single-flight", f"another process is compiling {short_key(key)} "
                          f"({self.keys.signature}); waiting for its entry")
-            return compiling(f"{self.jf._name} ({self.keys.signature})", cfg.progress,
+            return compiling(f"{self.request.name} ({self.keys.signature})", cfg.progress,
                              doing="waiting for another process compiling")
 
         try:

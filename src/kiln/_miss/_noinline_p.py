@@ -39,7 +39,9 @@ class _Sub:
         make_jit: Callable[[Callable[..., Any]], Any], *, tier_up: bool = True
     ) -> None:
         self.flat_fun = flat_fun
-        self.make_jit = make_jit  # kiln.jit, handed down by kiln._jit._noinline (a layer above)
+        # kiln.jit of a function that never tiers up itself (its callers do), handed down by
+        # kiln._jit._noinline (a layer above)
+        self.make_jit = make_jit
         self.name = name
         self.module = module
         self.tier_up = tier_up
@@ -47,8 +49,6 @@ class _Sub:
         flat_fun.__name__ = flat_fun.__qualname__ = name  # type: ignore[attr-defined]
         flat_fun.__module__ = module
         self.jit = make_jit(flat_fun)
-        # its callers tier up; the sub-function's own executable stays as it is
-        self.jit._may_tier_up = False
         self._jaxprs: dict[tuple[Any, ...], Any] = {}
         self._inline_fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._sizes: dict[tuple[Any, ...], int] = {}

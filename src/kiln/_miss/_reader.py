@@ -12,7 +12,6 @@ import warnings
 from typing import Any
 
 from .._base import (
-    Config,
     Entry,
     EntryError,
     StoreError,
@@ -25,13 +24,10 @@ from .._base import (
     short_key,
 )
 from .._keys import check_manifest
-from ..stores import Store, store_fault, user_stacklevel
-from ._call import KilnFunction
-from ._call_keys import CallKeys
-from ._explain import Explainer, describe_persistent_miss
+from ..stores import store_fault, user_stacklevel
+from ._context import MissContext
+from ._explain import describe_persistent_miss
 from ._outputs import wrap_static_outputs
-from ._program import Program
-from ._tier_up import Policy
 
 __all__ = ["EntryReader", "Loaded", "Outcome"]
 
@@ -56,28 +52,24 @@ class Loaded:
     outcome: Outcome
     executable: Any = None  # the callable executable, on a HIT
     entry: Entry | None = None  # the entry it was loaded from, on a HIT
+    # the entry found is tier-up's first tier: stored before its inlined form was ready
+    # (whether it was then used or not)
+    first_tier: bool = False
 
 
 _ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
 
 
 class EntryReader:
-    """The store reads of one miss of ``fun``.
-
-    ``entries``: where a hit's (store, key) goes (what a kiln function pickled by value
-    carries). ``policy``: told of an entry stored before its inlined form was ready.
+    """The store reads of one miss (``ctx``): :meth:`load` says what it found. A hit's (store,
+    key) goes to ``ctx.entries``; a key whose entry was found stale or unusable to
+    ``ctx.replace_keys``.
     """
 
-    def __init__(self, fun: KilnFunction, cfg: Config, store: Store, program: Program,
-                 keys: CallKeys, explain: Explainer, entries: list[tuple[Store, str]],
-                 policy: Policy) -> None:
-        self.fun, self.cfg, self.store = fun, cfg, store
-        self.program, self.keys, self.explain = program, keys, explain
-        self.entries = entries
-        self.policy = policy
-        # keys whose stored entry was found stale or unusable: written with the store's
-        # replace (a remote store's put is create-only)
-        self.replace_keys: set[str] = set()
+    def __init__(self, ctx: MissContext) -> None:
+        self.ctx = ctx
+        self.cfg, self.store, self.request = ctx.cfg, ctx.store, ctx.request
+        self.program, self.keys, self.explain = ctx.program, ctx.keys, ctx.explain
         self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
         self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
         self.reported: set[str] = set()  # keys whose bad entry was reported (once per key)
@@ -101,15 +93,14 @@ class EntryReader:
             if not self.explain.quiet and lowered is None:
                 self.explain.memory_miss()
                 if self.explain.wanted:
-                    fun = self.fun
                     self.explain("persistent-miss", describe_persistent_miss(
-                        self.store, f"{fun._module}.{fun._name}", self.keys.parts.parts,
+                        self.store, self.request.function, self.keys.parts.parts,
                         self.keys.fp.parts, self.keys.signature))
             return _ABSENT
         got = self._use(key, blob, lowered)
         if (got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and key not in self.keep_keys
                 and lowered is None):
-            self.replace_keys.add(key)
+            self.ctx.replace_keys.add(key)
         return got
 
     def alias(self, key: str) -> dict[str, Any] | None:
@@ -128,7 +119,7 @@ class EntryReader:
         if key not in self.keep_keys:
             # the next alias written replaces it (a remote store's put keeps what it holds);
             # one this process cannot check (signed, no key here) is left as it is
-            self.replace_keys.add(key)
+            self.ctx.replace_keys.add(key)
         if entry is None or entry.header.get("kind") != "alias":
             return None
         return entry.header
@@ -146,22 +137,33 @@ class EntryReader:
             if (header.get("kind") != "executable" or header.get("lowered") != lowered
                     or header.get("tier") is not None):
                 return _ABSENT
-        else:
-            marker = self._marker(key, header)
-            if marker is not None:
-                return marker
-            if header.get("tier") == "noinline":
-                self.policy.loaded_first_tier(key)
-            t0 = time.perf_counter()
-            fun_globals = getattr(self.fun._fun, "__globals__", None)
-            changed = check_manifest(
-                header.get("manifest") or [],
-                (self.fun._module, fun_globals) if isinstance(fun_globals, dict) else None,
-            )
-            _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
-            if changed is not None:
-                self.explain("manifest", f"stored entry is stale: {changed}")
-                return _STALE
+            return self._deserialized(key, entry)
+        marker = self._marker(key, header)
+        if marker is not None:
+            return marker
+        got = self._stale(header) or self._deserialized(key, entry)
+        if header.get("tier") == "noinline":
+            got = dataclasses.replace(got, first_tier=True)
+        return got
+
+    def _stale(self, header: dict[str, Any]) -> Loaded | None:
+        """STALE when something the entry's manifest names has changed since, else None."""
+        t0 = time.perf_counter()
+        fun_globals = getattr(self.request.fun, "__globals__", None)
+        changed = check_manifest(
+            header.get("manifest") or [],
+            (self.request.module, fun_globals) if isinstance(fun_globals, dict) else None,
+        )
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        if changed is not None:
+            self.explain("manifest", f"stored entry is stale: {changed}")
+            return _STALE
+        return None
+
+    def _deserialized(self, key: str, entry: Entry) -> Loaded:
+        """A HIT of ``entry`` (checked against this process's trace, where there is one, and
+        deserialized), or why not."""
+        header = entry.header
         t0 = time.perf_counter()
         traced = self._from_trace(key, entry)
         if traced is None:
@@ -178,9 +180,9 @@ class EntryReader:
                 warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
         _stats.bump(hits=1, load_seconds=load_s,
                     saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
-        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.fun._name, short_key(key),
+        logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.request.name, short_key(key),
                      load_s)
-        self.entries.append((self.store, key))
+        self.ctx.entries.append((self.store, key))
         return Loaded(Outcome.HIT, compiled, entry)
 
     def _decode(self, key: str, blob: bytes) -> Entry | None:
@@ -192,11 +194,11 @@ class EntryReader:
             # most likely a good entry of a signed fleet store, and this process the one
             # without the key: compile here, and leave the entry alone (never replaced)
             self.keep_keys.add(key)
-            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.fun._name} in "
+            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} in "
                             f"{self.store.url!r} is not loaded ({e})",
                             then="compiling here, leaving the entry as it is")
         except EntryError as e:
-            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.fun._name} in "
+            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} in "
                             f"{self.store.url!r} is unusable ({e})")
         return None
 
@@ -205,7 +207,7 @@ class EntryReader:
         if header.get("kind") == "verify-only":
             return Loaded(Outcome.VERIFY_ONLY)
         if header.get("kind") == "not-storable":
-            self.replace_keys.add(key)  # (a real entry, if one can be made later, replaces it)
+            self.ctx.replace_keys.add(key)  # (a real entry, if one can be made later, replaces)
             if time.time() < float(header.get("expires", 0.0)):
                 self.no_flight.add(key)
                 self.explain("single-flight", f"{short_key(key)}: the process that compiled it "
@@ -241,8 +243,8 @@ class EntryReader:
             if digest != header.get("lowered"):
                 if self.cfg.verify:
                     raise VerifyError(
-                        f"KILN_VERIFY: stored entry {short_key(key)} of {self.fun._name} does not "
-                        f"match a fresh lowering (stored module "
+                        f"KILN_VERIFY: stored entry {short_key(key)} of {self.request.name} does "
+                        f"not match a fresh lowering (stored module "
                         f"{short_key(header.get('lowered'))}, now {short_key(digest)}); kiln's key "
                         "missed a change. "
                         "Please report this with KILN_EXPLAIN=1 output."
@@ -278,8 +280,8 @@ class EntryReader:
                                                            self.program.input_objects())
                 compiled = wrap_static_outputs(compiled, *static_out)
         except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
-            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.fun._name} could not be "
-                            f"loaded ({type(e).__name__}: {e})")
+            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} could not "
+                            f"be loaded ({type(e).__name__}: {e})")
             return None
         return compiled
 

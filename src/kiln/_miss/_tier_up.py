@@ -21,6 +21,7 @@ so the inlined executable reaches the store.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
@@ -28,15 +29,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from .._base import _jax_compat, _stats
 from . import _noinline_p
-from ._call import KilnFunction
 from ._explain import Explainer
 from ._program import Program, structs
 
-__all__ = ["Policy", "wait_for_tier_up", "start"]
+__all__ = ["Plan", "Policy", "wait_for_tier_up", "start"]
 
 logger = logging.getLogger("kiln")
 
@@ -150,20 +150,21 @@ def wait_for_tier_up(timeout: float | None = None) -> bool:
                 return False
 
 
-class _Miss(Protocol):
-    """What a tier-up reads of the miss whose program it compiles inlined
-    (``kiln._miss._compile._Miss``)."""
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A tier-up a miss asks for (its result's ``tier_up``): the program of the function
+    ``name`` to compile inlined, the ``policy`` that decided it, and ``compile_inlined(args,
+    t0)``, which compiles and stores that form and gives its executable."""
 
-    jf: KilnFunction
+    name: str
     program: Program
     policy: Policy
     explain: Explainer
+    compile_inlined: Callable[[list[Any], float], Any]
 
-    def compile_inlined(self, args: list[Any], t0: float) -> Any: ...
 
-
-def start(miss: _Miss, swap_in: Callable[[Any], None]) -> None:
-    """Compile ``miss``'s program inlined in a background thread, store it, and hand the
+def start(plan: Plan, swap_in: Callable[[Any], None]) -> None:
+    """Compile ``plan``'s program inlined in a background thread, store it, and hand the
     executable to ``swap_in`` (the function's table puts it in place of the first one).
 
     Called right after the lowered program's executable was put in the table, before it first
@@ -171,40 +172,40 @@ def start(miss: _Miss, swap_in: Callable[[Any], None]) -> None:
     """
     thread = threading.Thread(
         target=_run,
-        args=(miss, swap_in, structs(miss.program.leaves), _jax_compat.local_config()),
-        name=f"kiln tier-up {miss.jf._name}", daemon=True,
+        args=(plan, swap_in, structs(plan.program.leaves), _jax_compat.local_config()),
+        name=f"kiln tier-up {plan.name}", daemon=True,
     )
     with _pending_lock:
         _pending.add(thread)
     thread.start()
 
 
-def _run(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any],
+def _run(plan: Plan, swap_in: Callable[[Any], None], structs: list[Any],
          config: list[Any]) -> None:
     try:
         # the caller's thread-local jax config (a `with jax.enable_x64(True):` block, ...)
         with _jax_compat.apply_local_config(config):
-            _compile_inlined(miss, swap_in, structs)
+            _compile_inlined(plan, swap_in, structs)
     except Exception as e:  # noqa: BLE001 - tier-up is an optimization: never break the program
         logger.warning(
             "kiln: tier-up of %s failed (%s: %s); it keeps calling its noinline functions",
-            miss.jf._name, type(e).__name__, e,
+            plan.name, type(e).__name__, e,
         )
     finally:
         with _pending_lock:
             _pending.discard(threading.current_thread())
 
 
-def _compile_inlined(miss: _Miss, swap_in: Callable[[Any], None], structs: list[Any]) -> None:
+def _compile_inlined(plan: Plan, swap_in: Callable[[Any], None], structs: list[Any]) -> None:
     t0 = time.perf_counter()
-    if miss.program.traced is None:  # loaded without tracing: trace now (in this thread)
-        miss.program.trace()
-        if not miss.policy.candidate:
+    if plan.program.traced is None:  # loaded without tracing: trace now (in this thread)
+        plan.program.trace()
+        if not plan.policy.candidate:
             return
-    result = miss.compile_inlined(structs, t0)
+    result = plan.compile_inlined(structs, t0)
     swap_in(result)
     _stats.bump(tier_ups=1)
-    miss.explain("tier-up", f"inlined program swapped in (compiled in the background in "
+    plan.explain("tier-up", f"inlined program swapped in (compiled in the background in "
                             f"{time.perf_counter() - t0:.2f} s)")
 
 

@@ -9,41 +9,34 @@ import time
 import warnings
 from typing import Any
 
-from .._base import Config, Entry, KilnWarning, StoreError, _jax_compat, _stats, encode
+from .._base import Entry, KilnWarning, StoreError, _jax_compat, _stats, encode
 from .._keys import is_user_object, make_key, manifest_for
 from .._travel import kiln_compiling
-from ..stores import RemoteSkipped, Replaceable, Store, store_fault, user_stacklevel
+from ..stores import RemoteSkipped, Replaceable, store_fault, user_stacklevel
 from . import _noinline_p
-from ._call import KilnFunction
-from ._call_keys import CallKeys
-from ._explain import Explainer
+from ._context import MissContext
 from ._outputs import wrap_static_outputs
-from ._program import Program, arg_avals
+from ._program import arg_avals
 from ._progress import compiling
 
 __all__ = ["EntryWriter"]
 
 
 class EntryWriter:
-    """The compiles and store writes of one miss of ``fun``.
-
-    ``entries``: where each executable entry written goes (store, key): what a kiln function
-    pickled by value carries. ``replace_keys``: keys whose entry was found stale or unusable
-    (written with the store's ``replace``: a remote store's put keeps what it holds).
+    """The compiles and store writes of one miss (``ctx``). Each executable entry written goes
+    to ``ctx.entries`` (store, key); a key in ``ctx.replace_keys`` is written with the store's
+    ``replace`` (a remote store's put keeps what it holds).
     """
 
-    def __init__(self, fun: KilnFunction, cfg: Config, store: Store, program: Program,
-                 keys: CallKeys, explain: Explainer, entries: list[tuple[Store, str]],
-                 replace_keys: set[str]) -> None:
-        self.fun, self.cfg, self.store = fun, cfg, store
-        self.program, self.keys, self.explain = program, keys, explain
-        self.entries = entries
-        self.replace_keys = replace_keys
+    def __init__(self, ctx: MissContext) -> None:
+        self.ctx = ctx
+        self.cfg, self.store, self.request = ctx.cfg, ctx.store, ctx.request
+        self.program, self.keys, self.explain = ctx.program, ctx.keys, ctx.explain
         self.not_storable_reason = ""  # why the executable could not be stored (_serialize)
 
     def compiling(self) -> Any:
         """The progress line while this call's program compiles."""
-        return compiling(f"{self.fun._name} ({self.keys.signature})", self.cfg.progress)
+        return compiling(f"{self.request.name} ({self.keys.signature})", self.cfg.progress)
 
     def compile_and_write(self, key: str, manifest: list[list[str]] | None, t_start: float, *,
                           tier_up_candidate: bool) -> Any:
@@ -73,7 +66,7 @@ class EntryWriter:
         if tier_up_candidate:
             header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
         self.put(key, header, sections)
-        if manifest is not None and not tier_up_candidate and self.fun._same_program_alias:
+        if manifest is not None and not tier_up_candidate and self.request.same_program_alias:
             self.put_alias(key, copies=0)
         return result
 
@@ -84,7 +77,7 @@ class EntryWriter:
         it instead of compiling (``_Miss._same_program``). ``copies``: how many times in a row
         it was stored again under a new fingerprint that way."""
         alias_key = self.keys.alias_key()
-        header = {"kind": "alias", "function": f"{self.fun._module}.{self.fun._name}",
+        header = {"kind": "alias", "function": self.request.function,
                   "signature": self.keys.signature, "lowered": self.program.lowered_facts[0],
                   "entry": key, "copies": copies, "created": time.time()}
         # (an alias this miss read is replaced: EntryReader.alias; the mode reads it before
@@ -185,26 +178,25 @@ class EntryWriter:
         another (N waiters: N compiles in sequence). Once it has expired a process
         tries to store the executable again (another version of a library may manage)."""
         now = time.time()
-        marker = {"kind": "not-storable", "function": f"{self.fun._module}.{self.fun._name}",
+        marker = {"kind": "not-storable", "function": self.request.function,
                   "signature": self.keys.signature, "reason": self.not_storable_reason,
                   "created": now, "expires": now + self.cfg.lease_seconds}
-        self.replace_keys.add(key)  # (an expired marker may be there: a remote put keeps it)
+        self.ctx.replace_keys.add(key)  # (an expired marker may be there: a remote put keeps it)
         self.put(key, marker, {}, counted=False)
 
     def _not_stored(self, reason: str, advice: str) -> None:
         """Never silent: a function whose executable cannot be stored warns once per
         process with the reason and what to do, and leaves a marker (kind ``unstorable``) that
         ``kiln stats`` and ``kiln ls`` list."""
-        fun = self.fun
-        if getattr(fun, "_warned_not_stored", False):
+        request = self.request
+        if not request.not_stored.first():
             return
-        fun._warned_not_stored = True  # type: ignore[attr-defined]
         warnings.warn(
-            f"kiln: {fun._name}: its executable is not stored ({reason}), so every process "
+            f"kiln: {request.name}: its executable is not stored ({reason}), so every process "
             f"compiles it again; {advice or 'KILN_EXPLAIN=1 says more'}",
             KilnWarning, stacklevel=user_stacklevel(),
         )
-        function = f"{fun._module}.{fun._name}"
+        function = request.function
         marker = {"kind": "unstorable", "function": function, "signature": self.keys.signature,
                   "reason": reason, "created": time.time()}
         key = make_key([("kind", "unstorable"), ("function", function)])
@@ -223,7 +215,7 @@ class EntryWriter:
         program = self.program
         header: dict[str, Any] = {
             "kind": "executable",
-            "function": f"{self.fun._module}.{self.fun._name}",
+            "function": self.request.function,
             "signature": self.keys.signature,
             "key_parts": [list(p) for p in self.keys.parts.parts],
             "fp_parts": [list(p) for p in self.keys.fp.parts] if manifest is not None else [],
@@ -247,7 +239,7 @@ class EntryWriter:
         """Write an entry (or a marker: ``sections`` empty) under ``key``."""
         blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
         write = self.store.put
-        if key in self.replace_keys and isinstance(self.store, Replaceable):
+        if key in self.ctx.replace_keys and isinstance(self.store, Replaceable):
             write = self.store.replace  # (a remote store's put keeps what it holds)
         try:
             write(key, blob)
@@ -259,4 +251,4 @@ class EntryWriter:
         if counted:
             _stats.bump(stores_written=1)
         if header.get("kind") == "executable":
-            self.entries.append((self.store, key))
+            self.ctx.entries.append((self.store, key))
