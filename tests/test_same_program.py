@@ -123,6 +123,13 @@ def test_a_fingerprint_that_changes_every_run_loads_the_same_program(
     again = p.run(main=MODE, env={"KILN_TEST_TOKEN": "c"})["f"]
     xp.assert_warm(again)
     assert again["leaves"] == [want]
+    # a fingerprint that comes again after it was loaded only is stable after all: stored now,
+    # and warm from the next run
+    rec = p.run(main=MODE, env={"KILN_TEST_TOKEN": "e"})["f"]
+    _loaded_after_trace(rec)
+    assert rec["stores_written"] == 1, rec
+    xp.assert_warm(p.run(main=MODE, env={"KILN_TEST_TOKEN": "e"})["f"])
+    assert _entries(p.cache) == {"executable": 4, "alias": 1}
 
 
 def test_a_fingerprint_that_changed_once_warm_starts_from_the_next_run(
@@ -210,3 +217,59 @@ def test_the_alias_works_through_a_shared_redis_store(tmp_path: Any, xp: Any,
     warm = host(4, "c")  # a fingerprint a copy was stored under, on a host holding nothing
     xp.assert_warm(warm)
     assert warm["leaves"] == [want]
+
+
+def _entry_file(store: Any, key: str) -> Any:
+    """The local store's file of the entry ``key``."""
+    found = [path for path in store.rglob(f"{key}*") if path.is_file()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _keys_of_f(store: Any) -> set[str]:
+    import sys
+
+    from kiln_test_children import run_child
+
+    out = run_child([sys.executable, "-m", "kiln", "ls", "--json", "--store", str(store)],
+                    check=True).stdout
+    return {row["key"] for row in json.loads(out) if row["function"].endswith(".f")}
+
+
+def test_a_bad_entry_under_a_fingerprint_seen_before_is_replaced_by_the_same_program(
+        tmp_path: Any, xp: Any) -> None:
+    """Its own entry truncated, after the copies in a row ran out: loaded through the alias,
+    and the bad entry replaced (warm again from the next run), as the warning says."""
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    xp.assert_cold(p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"])
+    (key_a,) = _keys_of_f(p.cache)
+    for token in "bc":
+        _loaded_after_trace(p.run(main=MODE, env={"KILN_TEST_TOKEN": token})["f"])
+    path = _entry_file(p.cache, key_a)
+    path.write_bytes(path.read_bytes()[:100])
+    run = p.run(main=MODE, env={"KILN_TEST_TOKEN": "a", "KILN_TEST_WARN": "1"})
+    rec = run["f"]
+    _loaded_after_trace(rec)
+    assert rec["bad_entries"] == 1 and rec["stores_written"] == 1, rec
+    assert "recompiling and replacing it" in run.stderr
+    warm = p.run(main=MODE, env={"KILN_TEST_TOKEN": "a"})["f"]
+    xp.assert_warm(warm)
+    _close(warm, 2.0)
+
+
+def test_a_process_without_the_signing_key_leaves_a_signed_alias_alone(
+        tmp_path: Any, xp: Any) -> None:
+    p = xp.Program(tmp_path)
+    p.write("prog.py", PROG)
+    signed = {"KILN_SIGNING_KEY": "fleet-secret"}
+    xp.assert_cold(p.run(main=MODE, env={"KILN_TEST_TOKEN": "a", **signed})["f"])
+    (alias,) = _aliases(p.cache)
+    before = alias.read_bytes()
+    # no key: the signed entries are not loaded (warned), it compiles, and writes no alias
+    run = p.run(main=MODE, env={"KILN_TEST_TOKEN": "b", "KILN_TEST_WARN": "1"})
+    xp.assert_cold(run["f"])
+    assert "leaving the entry as it is" in run.stderr
+    assert alias.read_bytes() == before
+    # a process with the key still loads the signed program through it
+    _loaded_after_trace(p.run(main=MODE, env={"KILN_TEST_TOKEN": "c", **signed})["f"])

@@ -206,18 +206,25 @@ class _Miss:
         copies = alias.get("copies")
         if not isinstance(copies, int):  # (never written so: store no copy)
             copies = _SAME_PROGRAM_COPIES
-        stored = (copies < _SAME_PROGRAM_COPIES
+        # stored: while fewer than _SAME_PROGRAM_COPIES new fingerprints were in a row; when
+        # this fingerprint came before (it is stable after all: the count starts again); when
+        # its own entry was there but bad or stale (a replacement, not one more entry)
+        again = alias.get("unstored") == fp_key
+        replacing = fp_key in self.ctx.replace_keys
+        stored = ((copies < _SAME_PROGRAM_COPIES or again or replacing)
                   and self.writer.put_same_program(fp_key, manifest, got.entry))
         if stored:
-            self.writer.put_alias(fp_key, copies=copies + 1)
+            self.writer.put_alias(fp_key, copies=0 if again else copies + 1)
+        else:
+            self.writer.put_alias(entry_key, copies=copies, unstored=fp_key)
         self.explain(
             "same-program",
             f"fingerprint changed, lowered module did not: loaded entry {short_key(entry_key)} "
             "without compiling" + (
                 " and stored it under this fingerprint too" if stored else
-                f"; not stored under this fingerprint (it changed {copies} times in a row with "
-                "the same program: something the function reads differs in every process, so "
-                "each process traces and lowers it)"))
+                f"; not stored under this fingerprint ({copies} new fingerprints in a row had "
+                "the same program: if something the function reads differs in every process, "
+                "each process traces and lowers it; a fingerprint that comes again is stored)"))
         return got.executable
 
     def _verify_path(self, t_start: float) -> Any:

@@ -34,6 +34,7 @@ class MissContext:
         replace_keys: keys whose stored entry was found stale or unusable, or that hold a
             marker or an alias to overwrite: written with the store's ``replace`` (a remote
             store's put is create-only).
+        keep_keys: signed entries this process cannot check, left as they are.
     """
 
     request: Request
@@ -44,3 +45,6 @@ class MissContext:
     explain: Explainer
     entries: list[tuple[Store, str]] = dataclasses.field(default_factory=list)
     replace_keys: set[str] = dataclasses.field(default_factory=set)
+    # signed entries this process cannot check (no signing key here): left alone, never
+    # replaced or overwritten (an executable is compiled here; an alias is not written)
+    keep_keys: set[str] = dataclasses.field(default_factory=set)

@@ -70,7 +70,7 @@ class EntryReader:
         self.ctx = ctx
         self.cfg, self.store, self.request = ctx.cfg, ctx.store, ctx.request
         self.program, self.keys, self.explain = ctx.program, ctx.keys, ctx.explain
-        self.keep_keys: set[str] = set()  # signed entries this process cannot check: left alone
+        self.keep_keys = ctx.keep_keys  # signed entries this process cannot check: left alone
         self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
         self.reported: set[str] = set()  # keys whose bad entry was reported (once per key)
 
@@ -127,7 +127,9 @@ class EntryReader:
     def _use(self, key: str, blob: bytes, lowered: str | None = None) -> Loaded:
         """Verify and deserialize the entry ``blob`` found under ``key``, or say why not
         (``lowered``: see :meth:`load`)."""
-        entry = self._decode(key, blob)
+        # an alias's entry is another fingerprint's: replaced when that one next misses
+        then = ("compiling here" if lowered is not None else "recompiling and replacing it")
+        entry = self._decode(key, blob, then)
         if entry is None:
             return _UNUSABLE
         header = entry.header
@@ -185,8 +187,9 @@ class EntryReader:
         self.ctx.entries.append((self.store, key))
         return Loaded(Outcome.HIT, compiled, entry)
 
-    def _decode(self, key: str, blob: bytes) -> Entry | None:
-        """The entry, verified; None for a bad one (warned about)."""
+    def _decode(self, key: str, blob: bytes,
+                then: str = "recompiling and replacing it") -> Entry | None:
+        """The entry, verified; None for a bad one (warned about, saying ``then``)."""
         try:
             return decode(blob, signing_key=self.cfg.signing_key,
                           old_keys=self.cfg.signing_keys_old, key=key)
@@ -199,7 +202,7 @@ class EntryReader:
                             then="compiling here, leaving the entry as it is")
         except EntryError as e:
             self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} in "
-                            f"{self.store.url!r} is unusable ({e})")
+                            f"{self.store.url!r} is unusable ({e})", then=then)
         return None
 
     def _marker(self, key: str, header: dict[str, Any]) -> Loaded | None:

@@ -70,16 +70,22 @@ class EntryWriter:
             self.put_alias(key, copies=0)
         return result
 
-    def put_alias(self, key: str, *, copies: int) -> None:
+    def put_alias(self, key: str, *, copies: int, unstored: str | None = None) -> None:
         """Under the call's alias key (``CallKeys.alias_key``): the entry ``key`` holds what
         this function and signature compiled last, and from which lowered module. A later
         process whose fingerprint of the function differs but whose lowering is the same loads
         it instead of compiling (``_Miss._same_program``). ``copies``: how many times in a row
-        it was stored again under a new fingerprint that way."""
+        it was stored again under a new fingerprint that way; ``unstored``: the last
+        fingerprint key it was loaded for and not stored under (stored when it comes again).
+        An alias this process cannot verify (signed, no key here) is left as it is."""
         alias_key = self.keys.alias_key()
+        if alias_key in self.ctx.keep_keys:
+            return
         header = {"kind": "alias", "function": self.request.function,
                   "signature": self.keys.signature, "lowered": self.program.lowered_facts[0],
                   "entry": key, "copies": copies, "created": time.time()}
+        if unstored is not None:
+            header["unstored"] = unstored
         # (an alias this miss read is replaced: EntryReader.alias; the mode reads it before
         # every compile that writes one)
         self.put(alias_key, header, {}, counted=False)
