@@ -49,6 +49,7 @@ def by_resources(x):
 '''
 
 PROG = '''
+import io
 import json
 import os
 import pathlib
@@ -91,10 +92,18 @@ def sqlite_memory(x):
     return x * v
 
 
+def read_bytes(name):
+    with open(name, "rb") as fh:
+        return fh.read()
+
+
 def thread_pool(x):
     TRACE()
+    # the pool's threads read the files; np.load parses their headers here (np.load in two
+    # threads at once can raise CPython 3.11.7's "AST constructor recursion depth mismatch":
+    # ast.literal_eval is not thread-safe there, gh-106905)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        a, b = pool.map(np.load, ["t1.npy", "t2.npy"])
+        a, b = (np.load(io.BytesIO(raw)) for raw in pool.map(read_bytes, ["t1.npy", "t2.npy"]))
     return x * jnp.asarray(a) + jnp.asarray(b)
 
 
