@@ -67,7 +67,8 @@ SCRIPT = COUNTING + textwrap.dedent('''
     s = kiln.stats()
     out.update(hits=s.jax_cache_hits, misses=s.jax_cache_misses, writes=s.jax_cache_writes,
                bad=s.bad_entries, routed=kiln._travel._jax_cache.is_enabled(),
-               read_s=s.jax_cache_read_seconds, load_s=s.jax_cache_load_seconds)
+               read_s=s.jax_cache_read_seconds, load_s=s.jax_cache_load_seconds,
+               lowerings=s.jax_lowerings, lower_s=s.jax_lower_seconds)
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -120,6 +121,10 @@ def test_kiln_run_unchanged_jax_script_compiles_nothing_the_second_time(tmp_path
     # in every run, JAX's retrieval of hits only where there are hits
     assert cold["read_s"] > 0 and warm["read_s"] > 0
     assert cold["load_s"] == 0 and warm["load_s"] > 0
+    # JAX lowers every program itself before its cache can look it up, warm or cold: one
+    # lowering per compile, then one per hit
+    assert cold["lowerings"] == cold["compiles"] and warm["lowerings"] == warm["hits"]
+    assert cold["lower_s"] > 0 and warm["lower_s"] > 0
     assert f"jax cache hits: {cold['compiles']}" in err
 
     # kiln ls lists them as plain-jax entries, kiln verify checks them

@@ -62,9 +62,11 @@ def test_second_run_under_kiln_compiles_nothing(tmp_path):
 
     warm, out = _pytest(tmp_path, "--kiln")
     assert warm["compiles"] == 0
-    hits, misses, written = map(int, re.search(
-        r"kiln: JAX cache hits (\d+), misses (\d+), written (\d+)", out).groups())
+    hits, misses, written, lowered = map(int, re.search(
+        r"kiln: JAX cache hits (\d+), misses (\d+), written (\d+); JAX lowered (\d+) "
+        r"programs itself in \d+\.\d\d s", out).groups())
     assert (hits, misses, written) == (cold["compiles"], 0, 0)
+    assert lowered == hits  # JAX lowers each of its programs before its cache looks it up
 
     # KILN_PYTEST=1 turns it on as --kiln does
     env_on, out = _pytest(tmp_path, KILN_PYTEST="1")

@@ -17,6 +17,11 @@ are imported), so the second run skips tracing and lowering too; the summary the
 kiln.jit's hits, misses and traces. Trace-time side effects (a test counting how often its
 function is traced) differ on a warm run: leave such a function to jax.jit with
 ``kiln.keep_jax_jit`` or ``KILN_JIT_EXCLUDE``.
+
+The summary's JAX cache line also gives the programs JAX lowered itself and the seconds that
+took (``kiln.stats().jax_lowerings`` / ``jax_lower_seconds``): what a warm run still pays,
+before JAX's cache can look a key up, for eager operations and for the jits kiln.jit does not
+cover (JAX's own, such as ``jax.numpy``'s functions called outside any jit).
 """
 
 from __future__ import annotations
@@ -115,5 +120,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
     terminalreporter.write_line(
         f"kiln: JAX cache hits {after.jax_cache_hits - before.jax_cache_hits}, "
         f"misses {after.jax_cache_misses - before.jax_cache_misses}, "
-        f"written {after.jax_cache_writes - before.jax_cache_writes} (store {where})"
+        f"written {after.jax_cache_writes - before.jax_cache_writes}; JAX lowered "
+        f"{after.jax_lowerings - before.jax_lowerings} programs itself in "
+        f"{after.jax_lower_seconds - before.jax_lower_seconds:.2f} s (store {where})"
     )

@@ -49,6 +49,13 @@ class Stats:
         jax_cache_load_seconds: seconds JAX spent retrieving its hits through the route (its
             ``/jax/compilation_cache/cache_retrieval_time_sec``: the route's read, then JAX's
             decompress and deserialize).
+        jax_lowerings, jax_lower_seconds: programs JAX lowered to MLIR itself, and the seconds
+            it spent on it (its ``/jax/core/compile/jaxpr_to_mlir_module_duration``, one per
+            program, never nested), counted while the route is on: what a warm run still pays
+            for every eager operation and every ``jax.jit`` that :func:`kiln.jit` does not
+            cover (JAX's own jits, jits kept by ``kiln.keep_jax_jit``) before JAX's cache can
+            look its key up; kiln.jit's own lowerings (misses, the verify path) count too.
+            Tracing is not counted (JAX times nested traces inside outer ones).
         remote_hits, remote_misses: lookups a remote store (Redis, an object store) answered
             with an entry / without one (the local store had none).
         remote_timeouts, remote_errors: remote store operations that got no answer in
@@ -82,6 +89,8 @@ class Stats:
     jax_cache_writes: int = 0
     jax_cache_read_seconds: float = 0.0
     jax_cache_load_seconds: float = 0.0
+    jax_lowerings: int = 0
+    jax_lower_seconds: float = 0.0
     remote_hits: int = 0
     remote_misses: int = 0
     remote_timeouts: int = 0

@@ -344,10 +344,14 @@ def _module_name(jax_key: str) -> str:
 def _on_duration(event: str, duration_secs: float, **kwargs: str | int) -> None:
     """After XLA's compile in a thread holding a route lease: JAX writes the value next, or
     never (an executable it does not cache); release the lease shortly in either case. And
-    JAX's retrieval time of a hit, counted while the route is on."""
+    JAX's retrieval time of a hit, and its lowerings, counted while the route is on."""
     if event == _RETRIEVAL:
         if is_enabled():
             _stats.bump(jax_cache_load_seconds=duration_secs)
+        return
+    if event == _LOWER:
+        if is_enabled():
+            _stats.bump(jax_lowerings=1, jax_lower_seconds=duration_secs)
         return
     if event != _BACKEND_COMPILE or getattr(_held, "item", None) is None:
         return
@@ -386,6 +390,7 @@ def _release_due() -> None:
 
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _RETRIEVAL = "/jax/compilation_cache/cache_retrieval_time_sec"
+_LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # one per program JAX lowers
 
 
 def _on_event(event: str, **kwargs: Any) -> None:
