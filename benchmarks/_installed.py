@@ -15,9 +15,9 @@ import sys
 
 
 def compile_bytecode() -> None:
-    """Write the bytecode of ``kiln``, ``kiln_cli`` and ``kiln_demo`` for this Python, as
-    ``pip install`` would."""
-    for name in ("kiln", "kiln_cli", "kiln_demo"):
+    """Write the bytecode of ``kiln``, ``kiln_early`` (which every kiln process imports),
+    ``kiln_cli`` and ``kiln_demo`` for this Python, as ``pip install`` would."""
+    for name in ("kiln", "kiln_early", "kiln_cli", "kiln_demo"):
         spec = importlib.util.find_spec(name)
         for folder in (spec.submodule_search_locations or []) if spec else []:
             if not compileall.compile_dir(folder, quiet=1, workers=1):

@@ -27,6 +27,19 @@ import jax
 import jax.numpy as jnp
 
 import kiln
+import kiln._miss._compile as _compile
+
+# the manifests this process made (only what stores an entry under a fingerprint needs one)
+MANIFESTS = []
+_manifest_for = _compile.manifest_for
+
+
+def _counted(*args, **kwargs):
+    MANIFESTS.append(1)
+    return _manifest_for(*args, **kwargs)
+
+
+_compile.manifest_for = _counted
 
 if os.environ.get("KILN_TEST_WARN"):  # a bad entry's StoreWarning shown, not raised
     warnings.simplefilter("always", kiln.StoreWarning)
@@ -46,7 +59,7 @@ def f(x):
 
 x = jnp.arange(4.0)
 call("f", f, x)
-report()
+report(manifests=len(MANIFESTS))
 '''
 
 
@@ -106,17 +119,22 @@ def test_a_fingerprint_that_changes_every_run_loads_the_same_program(
 
     # new fingerprints, the same program: loaded; stored under the new fingerprint twice
     for i, token in enumerate("bc", start=2):
-        rec = p.run(main=MODE, env={"KILN_TEST_TOKEN": token})["f"]
+        run = p.run(main=MODE, env={"KILN_TEST_TOKEN": token})
+        rec = run["f"]
         _loaded_after_trace(rec)
         assert rec["leaves"] == [want]
         assert rec["stores_written"] == 1, rec  # the copy (the alias is not counted)
+        assert run.extra["manifests"] == 1  # (stored with its manifest)
         assert _entries(p.cache) == {"executable": i, "alias": 1}
-    # a fingerprint that changes in every process: loaded, and the store no longer grows
+    # a fingerprint that changes in every process: loaded, and the store no longer grows;
+    # nothing is stored under the fingerprint, so no manifest is made (keyed by the module)
     for token in "de":
-        rec = p.run(main=MODE, env={"KILN_TEST_TOKEN": token})["f"]
+        run = p.run(main=MODE, env={"KILN_TEST_TOKEN": token})
+        rec = run["f"]
         _loaded_after_trace(rec)
         assert rec["leaves"] == [want]
         assert rec["stores_written"] == 0, rec
+        assert run.extra["manifests"] == 0
     assert _entries(p.cache) == {"executable": 3, "alias": 1}
 
     # a fingerprint seen before hits its entry without tracing (the copy is a real entry)

@@ -99,6 +99,7 @@ class _Miss:
         self.writer = EntryWriter(self.ctx)
         self.fp_key: str | None = None
         self.inlined_key: str | None = None  # the verify path's key of the inlined form
+        self._manifest_made: tuple[list[list[str]], str | None] | None = None
 
     def lower(self) -> Any:
         """The call's program lowered (``jax.stages.Lowered``), as compiling it would."""
@@ -163,11 +164,10 @@ class _Miss:
         program.trace()
         if program.extra_inputs:
             return self._jax_runs_it()
-        t0 = time.perf_counter()
-        manifest, reason = manifest_for(program.calls, self.keys.fp, program.imported,
-                                        program.reads, program.read_reason,
-                                        primitives=program.primitives)
-        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        same = self._same_program(fp_key)
+        if same is not None:
+            return same
+        manifest, reason = self._manifest()
         if reason is not None:
             self.unsound = reason
             self.explain("verify-path", f"taking the verify path: {reason}")
@@ -176,12 +176,22 @@ class _Miss:
                       "created": time.time()}
             self.writer.put(fp_key, marker, {})
             return self._verify_path(t_start)
-        same = self._same_program(fp_key, manifest)
-        if same is not None:
-            return same
         return self._compile_and_store(fp_key, manifest, t_start, leased=True)
 
-    def _same_program(self, fp_key: str, manifest: list[list[str]]) -> Any:
+    def _manifest(self) -> tuple[list[list[str]], str | None]:
+        """The traced program's manifest (:func:`manifest_for`: items, and why it cannot be
+        recorded or None), made on first use: only what stores an entry under the
+        fingerprint needs it."""
+        if self._manifest_made is None:
+            program = self.program
+            t0 = time.perf_counter()
+            self._manifest_made = manifest_for(program.calls, self.keys.fp, program.imported,
+                                               program.reads, program.read_reason,
+                                               primitives=program.primitives)
+            _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        return self._manifest_made
+
+    def _same_program(self, fp_key: str) -> Any:
         """The executable this function and signature compiled last, when its fingerprint has
         changed but this process's lowering is the very module it was compiled from (a value
         the fingerprint walks changed that only Python code reads; numpyro's ``MCMC`` caches
@@ -189,7 +199,13 @@ class _Miss:
         ``fp_key`` too, so the next process hits it without tracing, unless the fingerprint
         has changed that way ``_SAME_PROGRAM_COPIES`` times in a row (it differs in every
         process: each one traces and lowers, and the store does not grow). None: nothing
-        stored for it, or another program (compile)."""
+        stored for it, or another program (compile), or it would be stored and the manifest
+        cannot be recorded (the caller takes the verify path, as without an alias).
+
+        The manifest is made only to store the entry under ``fp_key``: a load that stores
+        nothing is keyed by the lowered module alone, as the verify path is (it is what the
+        entry was compiled from), so a fingerprint that differs in every process costs no
+        manifest (numpyro's ``_fori_collect_loop``: ~0.01 s of each warm start)."""
         if not self.request.same_program_alias or self.policy.candidate:
             return None  # (tier-up's forms are keyed by their own modules)
         alias = self.reader.alias(self.keys.alias_key())
@@ -199,10 +215,6 @@ class _Miss:
         entry_key = alias.get("entry")
         if alias.get("lowered") != lowered or not isinstance(entry_key, str):
             return None  # the program changed too
-        with self.explain.quietly():
-            got = self._load(entry_key, lowered=lowered)
-        if got.outcome is not Outcome.HIT or got.entry is None:
-            return None
         copies = alias.get("copies")
         if not isinstance(copies, int):  # (never written so: store no copy)
             copies = _SAME_PROGRAM_COPIES
@@ -211,8 +223,17 @@ class _Miss:
         # its own entry was there but bad or stale (a replacement, not one more entry)
         again = alias.get("unstored") == fp_key
         replacing = fp_key in self.ctx.replace_keys
-        stored = ((copies < _SAME_PROGRAM_COPIES or again or replacing)
-                  and self.writer.put_same_program(fp_key, manifest, got.entry))
+        store = copies < _SAME_PROGRAM_COPIES or again or replacing
+        manifest: list[list[str]] = []
+        if store:
+            manifest, reason = self._manifest()
+            if reason is not None:
+                return None
+        with self.explain.quietly():
+            got = self._load(entry_key, lowered=lowered)
+        if got.outcome is not Outcome.HIT or got.entry is None:
+            return None
+        stored = store and self.writer.put_same_program(fp_key, manifest, got.entry)
         if stored:
             self.writer.put_alias(fp_key, copies=0 if again else copies + 1)
         else:

@@ -73,10 +73,11 @@ class Program:
         self.traced: jax.stages.Traced | None = None
         # how many values the trace closed over that jax.jit passes as inputs (_Miss._jax_runs_it)
         self.extra_inputs = 0
-        self.calls: set[Any] = set()  # code the cold trace ran (see TraceRecorder)
+        self._recorded: set[Any] = set()  # code the recorder saw run (see TraceRecorder)
+        self._calls: set[Any] | None = None  # (see calls)
+        self._primitives: list[Any] | None = None  # (see primitives)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
         self.reads: list[list[str]] = []  # files and directories the cold trace read
-        self.primitives: list[Any] = []  # the primitives the program binds (their rules count)
         self.read_reason: str | None = None  # why those cannot be keyed (kiln._keys._reads)
         self.trace_seconds = 0.0  # tracing and lowering
         self.lowered: jax.stages.Lowered | None = None
@@ -101,9 +102,8 @@ class Program:
             recorder = TraceRecorder(self.modules_before, ignore=self._not_inputs())
             with recorder, _gc.relaxed():
                 traced = self.traced = self.jitted.trace(*self.leaves)
-            self.calls = _jax_compat.codes_in_jaxpr(traced.jaxpr) | recorder.codes
+            self._recorded = recorder.codes
             self.imported = recorder.imported
-            self.primitives = _jax_compat.primitives_in(traced.jaxpr)
             self.reads, self.read_reason = recorder.reads, recorder.read_reason
             self.extra_inputs = _jax_compat.traced_extra_inputs(traced)
             _stats.bump(traces=1)
@@ -163,6 +163,28 @@ class Program:
         return self.lower_inlined() if inlined else self.lower()
 
     # -- facts of the traced program (each computed once, on first use) ---------------------
+    @property
+    def calls(self) -> set[Any]:
+        """The code the cold trace ran (see TraceRecorder): the functions that emitted the
+        program's equations, and what the recorder saw run. Made from the traced jaxpr on
+        first use: only a manifest needs it (a load that stores nothing under the fingerprint
+        makes none)."""
+        if self._calls is None:
+            if self.traced is None:
+                return set()
+            self._calls = _jax_compat.codes_in_jaxpr(self.traced.jaxpr) | self._recorded
+        return self._calls
+
+    @property
+    def primitives(self) -> list[Any]:
+        """The primitives the program binds (their rules count in the manifest), from the
+        traced jaxpr on first use."""
+        if self._primitives is None:
+            if self.traced is None:
+                return []
+            self._primitives = _jax_compat.primitives_in(self.traced.jaxpr)
+        return self._primitives
+
     @functools.cached_property
     def lowered_facts(self) -> tuple[str, bool]:
         """(sha256 of the lowered module's text, whether it calls LAPACK): the verify path's
