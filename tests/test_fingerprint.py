@@ -23,6 +23,7 @@ from kiln_test_children import child_env, run_child
 from kiln._keys._code import code_digest
 from kiln._keys._fingerprint import fingerprint
 from kiln._keys._manifest import check_manifest
+from kiln._keys._rngs import RngWatch
 
 SCALE = 2.0
 
@@ -102,16 +103,52 @@ def test_dict_order_counts():
     assert _digest(g1) != _digest(g2)
 
 
-def test_numpy_global_generator_state_counts():
+def test_a_global_generator_s_state_counts_where_the_trace_draws_from_it():
+    """numpy's global generator is reached by name (``np.random.randn``) but keyed by what
+    the trace does: the static walk names it, the trace's RngWatch keys its state when the
+    trace draws from it (issue 42), and a warm lookup checks that state."""
     def f(x):
         return x + np.random.randn(3)
 
     np.random.seed(0)
     a = _digest(f)
-    assert _digest(f) == a  # walking does not draw
     np.random.seed(1)
-    assert _digest(f) != a
+    assert _digest(f) == a  # the walk alone keys no state
     np.random.seed(0)
+    with RngWatch() as watch:
+        jax.jit(f).trace(np.zeros(3))
+    assert watch.items and watch.items[0][:2] == ["numpy.random.mtrand._rand", "<rng>"]
+    np.random.seed(0)
+    assert check_manifest(watch.items) is None
+    np.random.seed(1)
+    assert "numpy.random.mtrand._rand" in str(check_manifest(watch.items))
+
+
+def test_a_global_generator_reached_by_name_but_not_drawn_from_is_not_keyed():
+    """``np.pi`` beside ``jax.random.normal``: the walk reaches ``np.random.normal`` by name;
+    the trace never draws from numpy's generator, so no state is keyed (issue 42)."""
+    def f(key):
+        return jax.random.normal(key, (3,)) * np.pi
+
+    np.random.seed(0)
+    a = _digest(f)
+    np.random.seed(1)
+    assert _digest(f) == a
+    with RngWatch() as watch:
+        jax.jit(f).trace(jax.random.key(0))
+    assert watch.items == []
+
+
+def test_a_generator_the_user_holds_counts_by_its_state():
+    rng = np.random.RandomState(0)
+
+    def f(x):
+        return x + rng.randn(3)
+
+    a = _digest(f)
+    rng.seed(1)
+    assert _digest(f) != a
+    rng.seed(0)
     assert _digest(f) == a
 
 
@@ -209,7 +246,7 @@ def test_manifest_module_items_import_and_compare(tmp_path, monkeypatch):
     del sys.modules["kiln_fp_lazy"]
 
 
-def test_python_random_state_counts():
+def test_python_s_global_generator_counts_where_the_trace_draws_from_it():
     import random
 
     def f(x):
@@ -218,9 +255,15 @@ def test_python_random_state_counts():
     random.seed(0)
     a = _digest(f)
     random.seed(1)
-    assert _digest(f) != a
-    random.seed(0)
     assert _digest(f) == a
+    random.seed(0)
+    with RngWatch() as watch:
+        jax.jit(f).trace(np.zeros(3))
+    assert [i[0] for i in watch.items] == ["random._inst"]
+    random.seed(0)
+    assert check_manifest(watch.items) is None
+    random.seed(1)
+    assert "random._inst" in str(check_manifest(watch.items))
 
 
 

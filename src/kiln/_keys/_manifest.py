@@ -10,6 +10,9 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
 - ``[path, "<file>" | "<dir>", digest, stat]``: a file or directory the trace read, and
   ``[path, "<stat>", value, how]``: a path it checked without opening it
   (:mod:`kiln._keys._reads`);
+- ``[name, "<rng>", digest]``: a global random generator the trace drew from
+  (``numpy.random.mtrand._rand``, ``random._inst``), by its state before the trace
+  (:mod:`kiln._keys._rngs`);
 - ``["<jaxpr>", "<primitives>", digest, names]``: the rules JAX's registries hold for every
   primitive the program binds whose rules reach user code (lowering, JVP, transpose,
   batching, ...), found again by name:
@@ -39,6 +42,7 @@ from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
 from ._libraries import LIB_ROOTS, is_user_class, is_user_file, module_is_user
 from ._reads import DIR, FILE, STAT, check_read, check_stat
+from ._rngs import RNG, check_rng
 from ._walker import Walker, library_config_object, module_attr, slots_of, walk_failure
 
 __all__ = ["check_manifest", "manifest_for"]
@@ -429,6 +433,12 @@ def check_manifest(
         if qualname in (FILE, DIR):
             # a file or directory the cold trace read: ``module`` is its path
             changed = check_read(module, qualname, digest, rest[0] if rest else "")
+            if changed is not None:
+                return changed
+            continue
+        if qualname == RNG:
+            # a global random generator the cold trace drew from: ``module`` is its name
+            changed = check_rng(module, digest)
             if changed is not None:
                 return changed
             continue

@@ -15,6 +15,7 @@ from typing import Any
 
 from ._libraries import module_is_user
 from ._reads import ReadRecorder
+from ._rngs import RngWatch
 
 __all__ = ["TraceRecorder"]
 
@@ -38,7 +39,8 @@ class TraceRecorder:
     - ``reads``: files and databases this thread (and the threads it started while tracing)
       opened, directories it listed and paths it checked while tracing, as manifest items
       (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed (a socket, a
-      pipe, a file that changed during the trace), else None.
+      pipe, a file that changed during the trace), else None; then the global random
+      generators the trace drew from (:class:`kiln._keys._rngs.RngWatch`).
 
     Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
     ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
@@ -56,6 +58,7 @@ class TraceRecorder:
         self.thread = threading.get_ident()
         self._before: set[str] = modules_before or set()
         self._reads = ReadRecorder(ignore)
+        self._rngs = RngWatch()
 
     def __enter__(self) -> TraceRecorder:
         self._before = self._before or set(sys.modules)
@@ -64,12 +67,14 @@ class TraceRecorder:
                 if _start_monitoring():
                     _recorders.append(self)
         self._reads.__enter__()
+        self._rngs.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._rngs.__exit__(*exc)
         self._reads.__exit__(*exc)
         if exc[0] is None:
-            self.reads = self._reads.items()
+            self.reads = self._reads.items() + self._rngs.items
             self.read_reason = self._reads.unkeyable
         if _monitoring is not None:
             with _recorders_lock:

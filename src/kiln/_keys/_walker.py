@@ -70,6 +70,7 @@ from ._libraries import (
     script_module,
 )
 from ._reads import is_probe
+from ._rngs import global_generator_name
 
 __all__ = ["Walker", "library_config_object", "module_attr", "slots_of", "walk_failure"]
 
@@ -291,8 +292,15 @@ class Walker:
             self.walk_treedef(f"{name}/{i}", child, lenient)
 
     def walk_rng(self, name: str, v: Any, lenient: bool) -> None:
-        # a random generator read while tracing (``np.random.randn`` building a constant):
-        # its state, so a different seed is a different program
+        """A random generator: one the user holds by its state, so a different seed is a
+        different program; numpy's and Python's global generators (reached by name:
+        ``np.random.normal`` where a function reads ``np.pi`` beside ``jax.random.normal``) by
+        what they are only: their state counts where the trace draws from them, which the
+        trace's :class:`kiln._keys._rngs.RngWatch` sees (issue 42)."""
+        glob = global_generator_name(v)
+        if glob is not None:
+            self.add(f"rng:{name}", f"global {glob}")
+            return
         state = v.getstate() if isinstance(v, random.Random) else (
             v.get_state() if isinstance(v, np.random.RandomState) else v.bit_generator.state)
         self.add(f"rng:{name}", static_digest(state, argname=name))
