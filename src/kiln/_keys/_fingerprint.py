@@ -77,7 +77,10 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
         for name, v in extra:
             w.add(f"extra:{name}", "")
             w.seen.discard(id(v))
-            w.value(name, v)
+            if name.startswith("static:"):
+                w.static_value(name, v)
+            else:
+                w.value(name, v)
         w.finish()
     except Exception as e:  # noqa: BLE001 - the walk never raises into the user's call
         w.unsound(walk_failure(e))

@@ -100,6 +100,9 @@ class Walker:
         self.modules: list[types.ModuleType] = []  # modules reached as values (user and library)
         self.names: set[str] = set()  # every name any walked user code reads
         self.in_library = 0  # > 0 while walking what a library object holds
+        # True while walking a static argument's data (see :meth:`static_value`): what holds
+        # no value Python can see is unsound there, even inside a library object
+        self.strict = False
 
     def finish(self) -> None:
         """Walk the attributes of every module reached (through a global, a closure, a default,
@@ -457,7 +460,7 @@ class Walker:
                 self.unsound(f"{name}: {e}")
             elif self.try_walk_library_object(name, v):
                 pass
-            elif lenient or self.in_library:
+            elif lenient or (self.in_library and not self.strict):
                 # an opaque object of a library class (a C object, a lock) held by library
                 # code or state: counted with that library, by class name and version
                 self.add(f"lib:{cls.__module__}.{cls.__qualname__}",
@@ -500,6 +503,8 @@ class Walker:
             # kiln's own objects say what they are through __kiln_digest__ or __wrapped__;
             # their state (caches of compiled functions) is not what a program is built from
             return False
+        if self.strict and not _python_defined(cls):
+            return False  # a C type's state (a file, a lock) is not in its __dict__
         self.add(f"lib-object:{name}", f"{cls.__module__}.{cls.__qualname__}="
                  + library_version(cls.__module__))
         items = sorted(state.items()) if isinstance(state, dict) else []
@@ -511,6 +516,19 @@ class Walker:
         finally:
             self.in_library -= 1
         return True
+
+    def static_value(self, name: str, v: Any) -> None:
+        """A static argument (or static ``self``) that has no canonical digest of its own:
+        keyed by its class (a user class by its code, a library class by name and version) and
+        its state, by value, whether or not it defines ``__kiln_digest__`` or is a dataclass
+        (a gymnax environment, an evosax strategy: issue 42). Strictly: what in its state has
+        no value Python can see (an open file, a lock, a C object) makes the walk unsound, and
+        the reason names its field (``static:self.lock``)."""
+        strict, self.strict = self.strict, True
+        try:
+            self.value(name, v)
+        finally:
+            self.strict = strict
 
     def library_state(self, name: str, v: Any) -> None:
         """A module-level object of a library that is not code (``jnp.pi``, ``os.environ``)."""
@@ -651,6 +669,7 @@ class Walker:
         if _resolve_name(module, code.co_qualname) is not fn:
             self.add(f"lib-code:{ident}", code_digest(code))
         self.in_library += 1
+        strict, self.strict = self.strict, False  # what library code holds: its own
         try:
             self.cells(ident, fn)
             wrapped = getattr(fn, "__wrapped__", None)
@@ -658,6 +677,7 @@ class Walker:
                 self.value(f"{ident}.__wrapped__", wrapped)
         finally:
             self.in_library -= 1
+            self.strict = strict
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str,
                    roots: frozenset[str] = frozenset()) -> None:
@@ -780,6 +800,18 @@ def slots_of(cls: type) -> tuple[str, ...]:
             if a not in ("__dict__", "__weakref__") and a not in out:
                 out.append(a)
     return tuple(out)
+
+
+def _python_defined(cls: type) -> bool:
+    """Whether every class of ``cls``'s MRO but ``object`` comes from a Python source module,
+    so an instance's whole state is in its ``__dict__`` and slots (a C type's,
+    ``_io.TextIOWrapper``'s or ``numpy.random.Generator``'s, is not)."""
+    for c in cls.__mro__[:-1]:
+        mod = sys.modules.get(c.__module__)
+        f = getattr(mod, "__file__", None)
+        if not (isinstance(f, str) and f.endswith(".py")):
+            return False
+    return True
 
 
 def _has_code_or_name(v: Any) -> bool:

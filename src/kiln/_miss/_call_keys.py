@@ -70,16 +70,12 @@ class CallKeys:
             if isinstance(digest, tuple):
                 # callables are fingerprinted by code in the walk below; a value holding them
                 # (a tuple of functions and tree structures: equinox's filter_jit statics under
-                # the jax.jit swap) by its digest with those keyed by code; others are unsound
+                # the jax.jit swap) by its digest with those keyed by code; any other object
+                # (a library's environment or strategy as static ``self``) by its class and
+                # state, in the walk below (``Walker.static_value``: unsound, naming the
+                # field, where that state holds what has no value)
                 by_code = None if callable(value) else static_digest_by_code(value,
                                                                              argname=name)
-                if not callable(value) and by_code is None:
-                    unsound = (
-                        f"static argument {name} ({type(value).__name__}) has no canonical "
-                        "digest, so kiln cannot tell whether a stored executable was built for "
-                        "it; give its class a __kiln_digest__ method or make it a frozen "
-                        "dataclass of plain values"
-                    )
                 digest = by_code or "see-fingerprint"
             if not isinstance(value, _DIGEST_IS_ALL):
                 # a static value is walked with the function's code, each one: a function's
