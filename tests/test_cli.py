@@ -612,45 +612,93 @@ def test_demo_rows_and_environments(
     fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     script, log = fake_example
-    code, out, err = _run(["demo", "--script", str(script), "--runs", "2", "--json"], capsys)
+    code, out, err = _run(["demo", "--script", str(script), "--runs", "3", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
     assert data["identical_params"] is True
+    assert (data["rounds"], data["warm_up_runs"]) == (3, 1)
     assert [r["mode"] for r in data["rows"]] == DEMO_ROWS
-    assert [r["runs"] for r in data["rows"]] == [1, 2, 1, 1, 2]
+    assert [r["runs"] for r in data["rows"]] == [3] * 5
     for r in data["rows"]:
         assert r["params"] == {"a": 0.55, "b": 0.028, "c": 0.84, "d": 0.026}
         assert r["loss"] == 0.01
         assert r["process_wall_s"] > 0
-        expected = 2.0 if r["jit"] == "kiln" else 1.0
-        assert r["speedup_vs_jax_jit"] == pytest.approx(expected)
-    assert "running kiln, cold (empty store) ..." in err
-    assert "running kiln, warm (run 2/2) ..." in err
+        assert len(r["times_s"]) == 3
+        assert r["min_s"] <= r["time_to_first_result_s"] <= r["max_s"]
+        expected = 0.5 if r["jit"] == "kiln" else 1.0
+        assert r["ratio_to_jax_jit"] == pytest.approx(expected)
+        assert r["speedup_vs_jax_jit"] == pytest.approx(1 / expected)
+    assert err.splitlines()[0] == "kiln demo: warm-up (untimed: imports, disk cache) ... done"
+    assert "round 1/3: kiln, cold (empty store) ..." in err
+    assert "round 3/3: jax.jit + JAX persistent cache, warm ..." in err
 
     runs = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [r["jit"] for r in runs] == ["kiln"] * 3 + ["jax"] * 4
-    kiln_dirs = {r["env"]["KILN_CACHE_DIR"] for r in runs[:3]}
-    assert len(kiln_dirs) == 1
-    plain, cache_runs = runs[3]["env"], [r["env"] for r in runs[4:]]
-    assert plain["KILN_CACHE_DIR"] is None and plain["JAX_COMPILATION_CACHE_DIR"] is None
-    assert plain["JAX_ENABLE_COMPILATION_CACHE"] == "false"
-    assert len({e["JAX_COMPILATION_CACHE_DIR"] for e in cache_runs}) == 1
-    for e in cache_runs:
-        assert e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
-        assert e["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "-1"
-        assert e["JAX_ENABLE_COMPILATION_CACHE"] == "true"
+    warm_up, timed = runs[0], runs[1:]
+    assert warm_up["jit"] == "kiln"
+    assert len(timed) == 3 * 5
+    rounds = [timed[i:i + 5] for i in range(0, 15, 5)]
+    cached: dict[str, set[str]] = {"KILN_CACHE_DIR": set(), "JAX_COMPILATION_CACHE_DIR": set()}
+    for r, one in enumerate(rounds):
+        kiln_runs = [x["env"] for x in one if x["jit"] == "kiln"]
+        jax_runs = [x["env"] for x in one if x["jit"] == "jax"]
+        assert len(kiln_runs) == 2 and len(jax_runs) == 3
+        # kiln cold, then kiln warm on the store the cold run filled: one store a round
+        assert len({e["KILN_CACHE_DIR"] for e in kiln_runs}) == 1
+        cached["KILN_CACHE_DIR"].add(kiln_runs[0]["KILN_CACHE_DIR"])
+        plain = [e for e in jax_runs if e["JAX_COMPILATION_CACHE_DIR"] is None]
+        cache_runs = [e for e in jax_runs if e["JAX_COMPILATION_CACHE_DIR"] is not None]
+        assert len(plain) == 1 and len(cache_runs) == 2
+        assert plain[0]["KILN_CACHE_DIR"] is None
+        assert plain[0]["JAX_ENABLE_COMPILATION_CACHE"] == "false"
+        assert len({e["JAX_COMPILATION_CACHE_DIR"] for e in cache_runs}) == 1
+        cached["JAX_COMPILATION_CACHE_DIR"].add(cache_runs[0]["JAX_COMPILATION_CACHE_DIR"])
+        for e in cache_runs:
+            assert e["KILN_CACHE_DIR"] is None
+            assert e["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+            assert e["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] == "-1"
+            assert e["JAX_ENABLE_COMPILATION_CACHE"] == "true"
+        # the rounds are interleaved and start at a different group each: the first run
+        assert [x["jit"] for x in one][0] == ["kiln", "jax", "jax"][r]
+    # a new, empty store and JAX cache every round, none of them the warm-up's
+    assert len(cached["KILN_CACHE_DIR"]) == len(cached["JAX_COMPILATION_CACHE_DIR"]) == 3
+    assert warm_up["env"]["KILN_CACHE_DIR"] not in cached["KILN_CACHE_DIR"]
     # Temporary stores are gone.
-    assert not Path(kiln_dirs.pop()).exists()
-    assert not Path(cache_runs[0]["JAX_COMPILATION_CACHE_DIR"]).exists()
+    for d in (warm_up["env"]["KILN_CACHE_DIR"], *cached["KILN_CACHE_DIR"],
+              *cached["JAX_COMPILATION_CACHE_DIR"]):
+        assert not Path(d).exists()
+
+
+def test_demo_default_rounds(
+    fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, log = fake_example
+    code, out, _ = _run(["demo", "--script", str(script), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["rounds"] == _demo.DEFAULT_ROUNDS >= 3
+    assert [r["runs"] for r in data["rows"]] == [_demo.DEFAULT_ROUNDS] * 5
+    assert len(log.read_text().splitlines()) == 1 + 5 * _demo.DEFAULT_ROUNDS
+
+
+def test_demo_runs_must_be_positive(
+    fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, log = fake_example
+    code, out, err = _run(["demo", "--script", str(script), "--runs", "0"], capsys)
+    assert (code, out, err) == (2, "", "error: --runs must be >= 1, got 0\n")
+    assert not log.exists()
 
 
 def test_demo_table(fake_example: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     script, _ = fake_example
-    code, out, _ = _run(["demo", "--script", str(script)], capsys)
+    code, out, _ = _run(["demo", "--script", str(script), "--runs", "2"], capsys)
     assert code == 0
+    assert "median of 2 interleaved rounds" in out
     for label in DEMO_ROWS:
-        assert label in out
-    assert "2.0x" in out
+        row = next(line for line in out.splitlines() if line.startswith(f"│ {label} "))
+        time_s = "1.50" if label.startswith("kiln") else "3.00"
+        assert f"{time_s}-{time_s}" in row  # min-max
+        assert ("0.50x" if label.startswith("kiln") else "1.00x") in row
     assert out.splitlines()[-1] == (
         "fitted parameters identical in every row: 0.55 / 0.028 / 0.84 / 0.026"
     )
@@ -759,11 +807,14 @@ def test_demo_runs_from_a_non_editable_install(tmp_path: Path) -> None:
     assert kiln_file == purelib / "kiln" / "__init__.py"
     assert demo_file == purelib / "kiln_demo" / "__init__.py"
 
-    proc = run_child([scripts / "kiln", "demo", "--json"], cwd=tmp_path, env=env, timeout=1200)
+    # one round: the rounds themselves are the fast tests' business (test_demo_rows_...)
+    proc = run_child([scripts / "kiln", "demo", "--runs", "1", "--json"], cwd=tmp_path, env=env,
+                     timeout=1200)
     assert proc.returncode == 0, proc.stderr[-8000:]
     data = json.loads(proc.stdout)
     assert Path(data["script"]).resolve() == purelib / "kiln_demo" / "lotka_volterra.py"
     assert [r["mode"] for r in data["rows"]] == DEMO_ROWS
+    assert [r["runs"] for r in data["rows"]] == [1] * 5
     assert data["identical_params"] is True
     # the shipped data's least-squares fit (src/kiln_demo/README.md)
     assert data["rows"][0]["params"] == pytest.approx(

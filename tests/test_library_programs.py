@@ -1,7 +1,7 @@
 """Unchanged programs whose jits live inside libraries (``examples/libraries/``: numpyro's MCMC,
 blackjax's window adaptation and NUTS, a haiku + optax training loop, a jax-md simulation, an
-MJX rollout) under ``python -m kiln run --jit``: every ``jax.jit`` outside JAX itself is a
-``kiln.jit``, the libraries' too.
+MJX rollout, gymnax CartPole rollouts, evosax's SNES) under ``python -m kiln run --jit``: every
+``jax.jit`` outside JAX itself is a ``kiln.jit``, the libraries' too.
 
 Each program runs in fresh processes: plain ``python script`` (``jax.jit`` as JAX defines it),
 then ``kiln run --jit`` on an empty store (cold), then on that store (warm). The values each
@@ -34,6 +34,8 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "haiku_digits": ("haiku", "optax", "sklearn"),
     "jaxmd_lj_melt": ("jax_md",),
     "mjx_humanoid": ("mujoco.mjx",),
+    "gymnax_cartpole": ("gymnax",),
+    "evosax_snes": ("evosax",),
 }
 TIMINGS = ("time_to_first_result_s", "imports_to_first_result_s")
 SUMMARY = re.compile(r"^kiln: hits: (\d+), misses: (\d+), traces: (\d+), compiles: (\d+)", re.M)

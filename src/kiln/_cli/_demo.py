@@ -1,5 +1,6 @@
 """``kiln demo``: the Lotka-Volterra fit shipped with kiln, timed in fresh processes: kiln cold
-and warm, plain ``jax.jit``, and ``jax.jit`` with JAX's persistent cache."""
+and warm, plain ``jax.jit``, and ``jax.jit`` with JAX's persistent cache, in interleaved rounds
+after an untimed warm-up process; each row's median (min-max) over the rounds."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,14 +30,24 @@ __all__ = ["register"]
 #: What the demo program imports beyond kiln's own dependencies (the ``examples`` extra).
 _DEMO_NEEDS = ("equinox", "diffrax", "optimistix")
 
-# the rows: (label, jit mode, environment, repeated with --runs?)
+#: Rounds by default: one round (five fresh processes) takes about 22 s on 2 CPU cores, so the
+#: demo with its warm-up takes 70-80 s there.
+DEFAULT_ROUNDS = 3
+
+# the rows, in the table's order: (label, jit mode, caches). Every round runs each row once,
+# in a fresh process: "kiln" on a new empty store (the cold row fills it, the warm row reads
+# it), "plain" with no cache, "jaxcache" with JAX's persistent cache in a new empty directory.
 _PLAN = (
-    ("kiln, cold (empty store)", "kiln", "kiln", False),
-    ("kiln, warm", "kiln", "kiln", True),
-    ("jax.jit", "jax", "plain", False),
-    ("jax.jit + JAX persistent cache, cold", "jax", "jaxcache", False),
-    ("jax.jit + JAX persistent cache, warm", "jax", "jaxcache", True),
+    ("kiln, cold (empty store)", "kiln", "kiln"),
+    ("kiln, warm", "kiln", "kiln"),
+    ("jax.jit", "jax", "plain"),
+    ("jax.jit + JAX persistent cache, cold", "jax", "jaxcache"),
+    ("jax.jit + JAX persistent cache, warm", "jax", "jaxcache"),
 )
+# the rows a round runs back to back (a warm row right after the cold row that filled its
+# cache); round r starts at group r mod 3, so no row always runs first or after the same row
+_GROUPS = ((0, 1), (2,), (3, 4))
+_BASELINE = 2  # the row every other is compared with: plain jax.jit
 
 
 def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -44,12 +56,16 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
         "demo", parents=common,
         help="time the Lotka-Volterra fit: kiln cold / warm vs jax.jit, each a fresh process",
         description="Run the Lotka-Volterra fit shipped with kiln (kiln_demo/lotka_volterra.py; "
-        "needs the examples extra) in fresh processes: kiln with an empty "
-        "store, kiln warm, plain jax.jit, and jax.jit with JAX's persistent cache; print the "
-        "time to first result of each and check that all fitted the same parameters.",
+        "needs the examples extra) in fresh processes: kiln with an empty store, kiln warm, "
+        "plain jax.jit, and jax.jit with JAX's persistent cache, cold and warm. After one "
+        "untimed warm-up process, N rounds run every row once each (interleaved; new empty "
+        "caches every round); print each row's time to first result (median and min-max over "
+        "the rounds, and the ratio to plain jax.jit) and check that all fitted the same "
+        "parameters.",
     )
-    demo.add_argument("--runs", type=int, default=1, metavar="N",
-                      help="repeat the warm rows N times and report the median (default 1)")
+    demo.add_argument("--runs", type=int, default=DEFAULT_ROUNDS, metavar="N",
+                      help="rounds: run every row N times, interleaved, and report each row's "
+                      f"median and min-max (default {DEFAULT_ROUNDS})")
     demo.add_argument("--script", metavar="PATH",
                       help="the program to run (default: kiln_demo/lotka_volterra.py)")
     demo.add_argument("--json", action="store_true", help="machine-readable output")
@@ -66,14 +82,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             + ("pass the path of an existing script" if args.script
                else "the kiln_demo package is incomplete: reinstall kiln, or pass --script PATH")
         )
-    rows, params = _time_rows(script, args.runs)
-    base = next(r for r in rows if r["mode"] == "jax.jit")["time_to_first_result_s"]
-    for r in rows:
-        t = r["time_to_first_result_s"]
-        r["speedup_vs_jax_jit"] = base / t if t > 0 else None
+    times, params = _time_rounds(script, args.runs)
+    rows = _rows(times)
     reference = params[0][1]
+    differing = {label for label, p in params if p != reference}
     report = _Timed(script, rows, args.runs, reference,
-                    differing=sorted({label for label, p in params if p != reference}))
+                    differing=[label for label, _, _ in _PLAN if label in differing])
     show(report, as_json=args.json)
     if report.differing:
         raise Failure("fitted parameters differ between rows: " + ", ".join(report.differing))
@@ -96,49 +110,74 @@ def _default_demo_script() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "lotka_volterra.py"
 
 
-def _time_rows(script: Path, runs: int) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
-    """Run each row of :data:`_PLAN` (the repeated ones ``runs`` times, their median kept),
-    each in a fresh process, with progress on stderr; the rows, and ``(label, fitted
-    parameters)`` of every run."""
-    rows: list[dict[str, Any]] = []
+def _progress(text: str, end: str = "\n") -> None:
+    print(text, end=end, file=sys.stderr, flush=True)
+
+
+def _time_rounds(
+    script: Path, rounds: int
+) -> tuple[list[list[dict[str, Any]]], list[tuple[str, Any]]]:
+    """One untimed warm-up process (``--jit kiln`` on a store of its own: imports, the page
+    cache, kiln's bytecode), then ``rounds`` rounds of every row of :data:`_PLAN`, each run a
+    fresh process, with progress on stderr. Returns every row's results (in round order) and
+    ``(label, fitted parameters)`` of every timed run, in the order they ran."""
+    times: list[list[dict[str, Any]]] = [[] for _ in _PLAN]
     params: list[tuple[str, Any]] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="kiln-demo-store-", ignore_cleanup_errors=True) as d1,
-        tempfile.TemporaryDirectory(prefix="kiln-demo-jaxcache-", ignore_cleanup_errors=True) as d2,
-    ):
-        envs = {
-            "kiln": _demo_env(KILN_CACHE_DIR=d1),
-            "plain": _demo_env(),
-            "jaxcache": _demo_env(
-                JAX_ENABLE_COMPILATION_CACHE="true",
-                JAX_COMPILATION_CACHE_DIR=d2,
-                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-            ),
-        }
-        for i, (label, jit, env_name, repeat) in enumerate(_PLAN, 1):
-            n = runs if repeat else 1
-            results = []
-            for j in range(n):
-                run_no = f" (run {j + 1}/{n})" if n > 1 else ""
-                print(f"kiln demo: [{i}/{len(_PLAN)}] running {label}{run_no} ...",
-                      end="", file=sys.stderr, flush=True)
-                res = _run_example(script, jit, envs[env_name])
-                print(f" {res['time_to_first_result_s']:.2f} s to first result", file=sys.stderr,
-                      flush=True)
-                results.append(res)
-                params.append((label, res.get("params")))
-            rows.append({
-                "mode": label,
-                "jit": jit,
-                "runs": n,
-                "time_to_first_result_s": statistics.median(
-                    float(r["time_to_first_result_s"]) for r in results),
-                "process_wall_s": statistics.median(r["process_wall_s"] for r in results),
-                "params": results[0].get("params"),
-                "loss": results[0].get("loss"),
-            })
-    return rows, params
+    with tempfile.TemporaryDirectory(prefix="kiln-demo-", ignore_cleanup_errors=True) as tmp:
+        _progress("kiln demo: warm-up (untimed: imports, disk cache) ...", end="")
+        _run_example(script, "kiln", _demo_env(KILN_CACHE_DIR=os.path.join(tmp, "warm-up")))
+        _progress(" done")
+        for r in range(rounds):
+            store = os.path.join(tmp, f"store-{r}")
+            jax_cache = os.path.join(tmp, f"jax-cache-{r}")
+            envs = {
+                "kiln": _demo_env(KILN_CACHE_DIR=store),
+                "plain": _demo_env(),
+                "jaxcache": _demo_env(
+                    JAX_ENABLE_COMPILATION_CACHE="true",
+                    JAX_COMPILATION_CACHE_DIR=jax_cache,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+                ),
+            }
+            start = r % len(_GROUPS)
+            for group in _GROUPS[start:] + _GROUPS[:start]:
+                for i in group:
+                    label, jit, caches = _PLAN[i]
+                    _progress(f"kiln demo: round {r + 1}/{rounds}: {label} ...", end="")
+                    res = _run_example(script, jit, envs[caches])
+                    _progress(f" {float(res['time_to_first_result_s']):.2f} s to first result")
+                    times[i].append(res)
+                    params.append((label, res.get("params")))
+            for d in (store, jax_cache):
+                shutil.rmtree(d, ignore_errors=True)
+    return times, params
+
+
+def _rows(times: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per :data:`_PLAN` entry from its runs: median and min-max of the time to first
+    result, median process wall time, and the ratio of its median to plain ``jax.jit``'s."""
+    rows: list[dict[str, Any]] = []
+    for (label, jit, _), results in zip(_PLAN, times, strict=True):
+        ttfr = [float(r["time_to_first_result_s"]) for r in results]
+        rows.append({
+            "mode": label,
+            "jit": jit,
+            "runs": len(results),
+            "time_to_first_result_s": statistics.median(ttfr),
+            "min_s": min(ttfr),
+            "max_s": max(ttfr),
+            "times_s": ttfr,
+            "process_wall_s": statistics.median(r["process_wall_s"] for r in results),
+            "params": results[0].get("params"),
+            "loss": results[0].get("loss"),
+        })
+    base = rows[_BASELINE]["time_to_first_result_s"]
+    for row in rows:
+        t = row["time_to_first_result_s"]
+        row["ratio_to_jax_jit"] = t / base if base > 0 else None
+        row["speedup_vs_jax_jit"] = base / t if t > 0 else None
+    return rows
 
 
 def _run_example(script: Path, jit: str, env: dict[str, str]) -> dict[str, Any]:
@@ -184,8 +223,8 @@ def _params_text(params: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Timed:
-    """``kiln demo``: the rows timed, and the rows whose fitted parameters differ from the
-    first row's (``reference``)."""
+    """``kiln demo``: the rows timed over ``runs`` rounds, and the rows whose fitted
+    parameters differ from the first run's (``reference``)."""
 
     script: Path
     rows: list[dict[str, Any]]
@@ -194,8 +233,8 @@ class _Timed:
     differing: list[str]
 
     def as_json(self) -> dict[str, Any]:
-        return {"script": str(self.script), "rows": self.rows,
-                "identical_params": not self.differing}
+        return {"script": str(self.script), "rounds": self.runs, "warm_up_runs": 1,
+                "rows": self.rows, "identical_params": not self.differing}
 
     def as_text(self) -> Iterator[str | Table]:
         yield self._table()
@@ -207,25 +246,29 @@ class _Timed:
     def _table(self) -> Table:
         from rich.table import Table
 
-        title = "Lotka-Volterra fit, each row a fresh process"
-        if self.runs > 1:
-            title += f" (warm rows: median of {self.runs})"
         table = Table(
-            title=title, caption="vs jax.jit: jax.jit's time to first result / this row's"
+            title="Lotka-Volterra fit: time to first result of a fresh process, "
+            + (f"median of {self.runs} interleaved rounds" if self.runs > 1
+               else "one round (one sample per row: noisy)"),
+            caption="after one untimed warm-up process; each round runs every row once, on new "
+            "empty caches; wall: the whole process (median); vs jax.jit: this row's median / "
+            "plain jax.jit's",
         )
         table.add_column("mode", no_wrap=True)
-        table.add_column("first result (s)", justify="right")
-        table.add_column("process wall (s)", justify="right")
+        table.add_column("median (s)", justify="right")
+        table.add_column("min-max (s)", justify="right", no_wrap=True)
+        table.add_column("wall (s)", justify="right")
         table.add_column("vs jax.jit", justify="right")
         table.add_column("params a / b / c / d", no_wrap=True)
         table.add_column("loss", justify="right")
         for r in self.rows:
-            speedup = r["speedup_vs_jax_jit"]
+            ratio = r["ratio_to_jax_jit"]
             table.add_row(
                 r["mode"],
                 f"{r['time_to_first_result_s']:.2f}",
+                f"{r['min_s']:.2f}-{r['max_s']:.2f}",
                 f"{r['process_wall_s']:.2f}",
-                "-" if speedup is None else f"{speedup:.1f}x",
+                "-" if ratio is None else f"{ratio:.2f}x",
                 _params_text(r["params"]),
                 f"{r['loss']:.6g}" if isinstance(r["loss"], float) else str(r["loss"]),
             )

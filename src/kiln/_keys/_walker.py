@@ -35,6 +35,7 @@ import functools
 import gc
 import importlib.util
 import inspect
+import logging
 import os
 import random
 import re
@@ -79,6 +80,20 @@ _MAX_ITEMS = 5000
 _SCALAR_TYPES = (type(None), bool, int, float, complex, str, bytes)
 _RNG_TYPES = (np.random.RandomState, np.random.Generator, random.Random)
 _PyTreeDef = type(jax.tree_util.tree_structure(0))
+
+
+def _code_walk(method: Callable[..., None]) -> Callable[..., None]:
+    """A walk of code (a class, a function): what its globals hold is walked as any global
+    is, not strictly, even inside a static argument's walk (:meth:`Walker.static_value`)."""
+    @functools.wraps(method)
+    def walk(self: Walker, *args: Any) -> None:
+        strict, self.strict = self.strict, False
+        try:
+            method(self, *args)
+        finally:
+            self.strict = strict
+
+    return walk
 
 
 class Walker:
@@ -317,6 +332,27 @@ class Walker:
     # ----------------------------------------------------------------------------------------
     # try_walk_*: by what an object is or does (_TRY_WALKS, in order), then walk_object
     # ----------------------------------------------------------------------------------------
+    def try_walk_logger(self, name: str, v: Any, lenient: bool) -> bool:
+        """A ``logging.Logger``, ``LoggerAdapter`` or ``Handler``: what code that logs reads
+        of it (its name, levels, whether it is disabled or propagates; an adapter's
+        ``extra``), not what logging keeps (its manager's every logger, a cache of levels
+        filled as it logs, handlers' locks and streams), which differs between processes
+        and between a cold run and a warm one that skipped a trace (issue 42)."""
+        if isinstance(v, logging.LoggerAdapter):
+            self.add(f"logger-adapter:{name}", f"{type(v).__module__}.{type(v).__qualname__}")
+            self.value(f"{name}.logger", v.logger)
+            self.value(f"{name}.extra", v.extra)
+            return True
+        cls = type(v)
+        if isinstance(v, logging.Logger):
+            self.add(f"logger:{name}", f"{cls.__module__}.{cls.__qualname__}:{v.name}:"
+                     f"{v.level}:{v.getEffectiveLevel()}:{v.disabled}:{v.propagate}")
+            return True
+        if isinstance(v, logging.Handler):
+            self.add(f"log-handler:{name}", f"{cls.__module__}.{cls.__qualname__}:{v.level}")
+            return True
+        return False
+
     def try_walk_mapping(self, name: str, v: Any, lenient: bool) -> bool:
         """A dict subclass or an immutable mapping (FrozenDict, HashableMapping): in iteration
         order, before the pytree fallback (FrozenDict's flatten sorts its keys); a class with
@@ -546,6 +582,7 @@ class Walker:
     # ----------------------------------------------------------------------------------------
     # Code: classes, functions, what they close over and the globals they read
     # ----------------------------------------------------------------------------------------
+    @_code_walk
     def klass(self, cls: type) -> None:
         """A class: what it is and, for a user class, its methods and class variables; for a
         pytree node type, the flatten / unflatten functions registered for it."""
@@ -583,6 +620,7 @@ class Walker:
                 # value; what has no value digest makes the walk unsound
                 self.value(f"{mod}.{cls.__qualname__}.{attr}", member, lenient=True)
 
+    @_code_walk
     def function(self, fn: types.FunctionType) -> None:
         """A function: a user function by its code, the globals it reads and what it holds;
         a library function by :meth:`library_function`; kiln's own by what it holds."""
@@ -759,6 +797,7 @@ _WALK_ISINSTANCE: tuple[tuple[type, _Walk], ...] = (
 )
 # ... then the first of these that takes it, else Walker.walk_object
 _TRY_WALKS: tuple[_TryWalk, ...] = (
+    Walker.try_walk_logger,
     Walker.try_walk_mapping,
     Walker.try_walk_primitive,
     Walker.try_walk_numpy_function,
