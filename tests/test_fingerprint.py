@@ -414,3 +414,55 @@ def test_a_class_docstring_counts_without_the_addresses_of_reprs():
         assert fingerprint(_uses_documented).digest != first
     finally:
         _Documented.__doc__ = "_Documented(x=<object object at 0x7f00aa>)"
+
+
+class _EnvLike:
+    """A library-style environment as static ``self``: ``__hash__``/``__eq__``, plain fields,
+    no ``__kiln_digest__``, not a dataclass (gymnax, evosax: issue 42)."""
+
+    def __init__(self, n, lock=None):
+        self.n = n
+        self.shape = (n,)
+        if lock is not None:
+            self.lock = lock
+
+    def __hash__(self):
+        return hash(self.n)
+
+    def __eq__(self, other):
+        return isinstance(other, _EnvLike) and other.n == self.n
+
+    def step(self, x):
+        return x * self.n
+
+
+def test_a_static_object_is_keyed_by_class_and_state():
+    a = _digest(_EnvLike.step, **{"static:self": _EnvLike(2)})
+    assert _digest(_EnvLike.step, **{"static:self": _EnvLike(2)}) == a  # another instance
+    assert _digest(_EnvLike.step, **{"static:self": _EnvLike(3)}) != a  # another value
+
+
+def test_a_static_object_holding_what_has_no_value_names_the_field():
+    fp = fingerprint(_EnvLike.step, extra=[("static:self", _EnvLike(2, threading.Lock()))])
+    assert not fp.sound
+    assert "static:self.lock" in fp.reason
+
+
+def test_a_logger_is_keyed_by_name_and_levels_not_by_what_logging_keeps():
+    import logging
+
+    log = logging.getLogger("kiln_test_fp_logger")
+
+    def f(x):
+        log.info("tracing")
+        return x
+
+    a = _digest(f)
+    log.isEnabledFor(logging.INFO)  # fills the logger's level cache
+    logging.getLogger("kiln_test_fp_logger.child")  # another logger in its manager
+    assert _digest(f) == a
+    log.setLevel(logging.ERROR)
+    try:
+        assert _digest(f) != a
+    finally:
+        log.setLevel(logging.NOTSET)

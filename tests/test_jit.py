@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import warnings
 
 import equinox as eqx
@@ -313,16 +314,25 @@ def test_unhashable_static_error():
         f(jnp.ones(1), opts=Opts())
 
 
-def test_process_local_static_takes_verify_path(caplog):
+def test_an_object_static_is_keyed_by_class_and_state(kiln_store):
+    """Issue 42: an object hashed by identity, with no ``__kiln_digest__`` and not a
+    dataclass, is keyed by its class's code and its state (it used to take the verify path);
+    one holding what has no value (a lock) takes the verify path, the reason naming the
+    field."""
     class Local:  # hashable by identity, no canonical digest
-        def __init__(self, k):
+        def __init__(self, k, lock=None):
             self.k = k
+            self.lock = lock
 
     f, traces = make_counted(lambda x, o: x * o.k, static_argnums=1)
     o = Local(3.0)
     assert f(jnp.ones(1), o).tolist() == [3.0]
     assert f(jnp.ones(1), o).tolist() == [3.0]
     assert len(traces) == 1
+    assert kiln.stats().reasons["verify-path"] == 0 and kiln.stats().stores_written == 1
+    kiln.configure(explain=True)
+    with warnings.catch_warnings(record=True):
+        assert f(jnp.ones(1), Local(3.0, threading.Lock())).tolist() == [3.0]
     assert kiln.stats().reasons["verify-path"] == 1
 
 

@@ -25,7 +25,6 @@ too, so it is keyed as if the trace had drawn (a miss, never a stale result).
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -87,7 +86,6 @@ class RngWatch:
     def __init__(self) -> None:
         self.items: list[list[str]] = []
         self._before: dict[str, str] = {}
-        self.thread = threading.get_ident()
 
     def __enter__(self) -> RngWatch:
         self._before = {name: _state_digest(find()) for name, find in _GLOBALS.items()}

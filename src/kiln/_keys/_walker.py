@@ -707,7 +707,6 @@ class Walker:
         if _resolve_name(module, code.co_qualname) is not fn:
             self.add(f"lib-code:{ident}", code_digest(code))
         self.in_library += 1
-        strict, self.strict = self.strict, False  # what library code holds: its own
         try:
             self.cells(ident, fn)
             wrapped = getattr(fn, "__wrapped__", None)
@@ -715,7 +714,6 @@ class Walker:
                 self.value(f"{ident}.__wrapped__", wrapped)
         finally:
             self.in_library -= 1
-            self.strict = strict
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str,
                    roots: frozenset[str] = frozenset()) -> None:
