@@ -316,9 +316,9 @@ def test_unhashable_static_error():
 
 def test_an_object_static_is_keyed_by_class_and_state(kiln_store):
     """Issue 42: an object hashed by identity, with no ``__kiln_digest__`` and not a
-    dataclass, is keyed by its class's code and its state (it used to take the verify path);
-    one holding what has no value (a lock) takes the verify path, the reason naming the
-    field."""
+    dataclass, is keyed by its class's code and the fields its trace read (it used to take
+    the verify path); one holding what has no value (a lock) hits when the trace does not
+    read it, and takes the verify path, the reason naming the field, when it does."""
     class Local:  # hashable by identity, no canonical digest
         def __init__(self, k, lock=None):
             self.k = k
@@ -330,9 +330,12 @@ def test_an_object_static_is_keyed_by_class_and_state(kiln_store):
     assert f(jnp.ones(1), o).tolist() == [3.0]
     assert len(traces) == 1
     assert kiln.stats().reasons["verify-path"] == 0 and kiln.stats().stores_written == 1
+    assert f(jnp.ones(1), Local(3.0, threading.Lock())).tolist() == [3.0]  # (unread)
+    assert kiln.stats().hits == 1 and len(traces) == 1 + audit_traces()
+    g, _ = make_counted(lambda x, o: x * o.k if o.lock else x, static_argnums=1)
     kiln.configure(explain=True)
     with warnings.catch_warnings(record=True):
-        assert f(jnp.ones(1), Local(3.0, threading.Lock())).tolist() == [3.0]
+        assert g(jnp.ones(1), Local(3.0, threading.Lock())).tolist() == [3.0]
     assert kiln.stats().reasons["verify-path"] == 1
 
 

@@ -127,7 +127,10 @@ class JitWrappers:
             dyn_args, dyn_kwargs = treedef.unflatten(leaves)
             return merge(dyn_args, dyn_kwargs)
 
+        runs = [0]  # how many times jax ran the body: a trace it reused ran nothing
+
         def inner(*dyn_leaves: Any) -> Any:
+            runs[0] += 1
             out = direct(*dyn_leaves)
             if not filtering:
                 return out  # jax.jit's contract: jax itself refuses a non-JAX output
@@ -150,6 +153,7 @@ class JitWrappers:
 
         inner.__name__ = getattr(self._fun, "__name__", "fun")
         inner.__qualname__ = self._name
+        inner._kiln_runs = runs  # type: ignore[attr-defined]  # (Program.trace reads it)
         self._name_as_jax(inner, call, static_leaves)
         donate = self.donated_leaves(call, static_leaves)
         shardings = self._flat_shardings(treedef, static_leaves)

@@ -63,11 +63,14 @@ class Fingerprint:
     objects: list[Any] = field(default_factory=list, repr=False)
 
 
-def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -> Fingerprint:  # type: ignore[assignment]
+def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = (),  # type: ignore[assignment]
+                reads: dict[str, tuple[str, ...] | None] | None = None) -> Fingerprint:
     """Static-walk fingerprint of ``fun`` and of the named ``extra`` values (see module doc).
 
     ``extra`` holds values that shape the trace besides ``fun``: static arguments and the aux
     data of the arguments' pytree nodes. Functions among them are fingerprinted by code.
+    ``reads``: for a static object (``static:<name>`` in ``extra``) keyed by the fields its
+    trace read, those fields (:mod:`kiln._keys._static_reads`); others by their whole state.
     """
     w = Walker()
     try:
@@ -77,7 +80,10 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = ()) -
         for name, v in extra:
             w.add(f"extra:{name}", "")
             w.seen.discard(id(v))
-            if name.startswith("static:"):
+            fields = (reads or {}).get(name)
+            if fields is not None:
+                w.static_fields(name, v, fields)
+            elif name.startswith("static:"):
                 w.static_value(name, v)
             else:
                 w.value(name, v)

@@ -78,6 +78,7 @@ __all__ = ["Walker", "library_config_object", "module_attr", "slots_of", "walk_f
 _MAX_ITEMS = 5000
 # hashed by value wherever they occur (never "seen": equal values need not be one object)
 _SCALAR_TYPES = (type(None), bool, int, float, complex, str, bytes)
+_MISSING = "<missing field>"  # a field a trace read while the object did not hold it
 _RNG_TYPES = (np.random.RandomState, np.random.Generator, random.Random)
 _PyTreeDef = type(jax.tree_util.tree_structure(0))
 
@@ -564,6 +565,30 @@ class Walker:
         try:
             self.value(name, v)
         finally:
+            self.strict = strict
+
+    def static_fields(self, name: str, v: Any, fields: tuple[str, ...]) -> None:
+        """A static object keyed by its class and the ``fields`` its trace read
+        (:mod:`kiln._keys._static_reads`): each by value, strictly, as :meth:`static_value`
+        walks the whole state; a field the object does not hold counts as missing."""
+        cls = type(v)
+        self.seen.add(id(v))
+        self.keep.append(v)
+        if is_user_class(cls):
+            self.klass(cls)
+            self.add(f"object:{name}", f"{cls.__module__}.{cls.__qualname__}")
+        else:
+            self.add(f"lib-object:{name}", f"{cls.__module__}.{cls.__qualname__}="
+                     + library_version(cls.__module__))
+        self.add(f"static-reads:{name}", ",".join(fields))
+        state = vars(v)
+        strict, self.strict = self.strict, True
+        self.in_library += not is_user_class(cls)
+        try:
+            for attr in fields:
+                self.value(f"{name}.{attr}", state[attr] if attr in state else _MISSING)
+        finally:
+            self.in_library -= not is_user_class(cls)
             self.strict = strict
 
     def library_state(self, name: str, v: Any) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -19,6 +21,7 @@ from .._keys import (
     fingerprint,
     static_digest_by_code,
     treedef_parts,
+    watchable,
 )
 from ._call import Request
 
@@ -39,16 +42,24 @@ class CallKeys:
         signature: the argument types and static digests as text (``float32[3]; static
             n=1a2b3c4d``), for explanations, entry headers and ``kiln ls``.
         unsound: why the fingerprint cannot key this call (the verify path), or None.
+        watched: ``(static:<name>, value)`` of the static objects keyed by the fields their
+            trace reads (:mod:`kiln._keys._static_reads`), for the trace to watch.
+        reads: the fields each of those was keyed by here (None: its whole state).
     """
 
     parts: KeyParts
     fp: Fingerprint
     signature: str
     unsound: str | None
+    watched: tuple[tuple[str, Any], ...] = ()
+    reads: dict[str, tuple[str, ...] | None] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def of(cls, request: Request) -> CallKeys:
-        """The keys of ``request``'s call."""
+    def of(cls, request: Request,
+           hint: Callable[[KeyParts], dict[str, Any] | None] | None = None) -> CallKeys:
+        """The keys of ``request``'s call. ``hint``: given the key parts, the fields each
+        watched static object's trace read last (the store's ``static-reads`` record,
+        :meth:`reads_key`), or None: those objects are then keyed by their whole state."""
         call, options = request.call, request.options
         sigs = tuple(s for s in call.sigs if s is not _args.STATIC_LEAF)
         structure, extra = treedef_parts(call.treedef)
@@ -60,6 +71,7 @@ class CallKeys:
         leaf_paths = (_args.leaf_paths(options.positional, call.dyn_args, call.dyn_kwargs,
                                        statics) if request.statics.leaves else [])
         static_parts, static_text = [], []
+        watched = []
         for keyname, digest in call.static_key:
             value = values[keyname]
             if isinstance(keyname, str):
@@ -81,27 +93,43 @@ class CallKeys:
                 # a static value is walked with the function's code, each one: a function's
                 # code and closure, a dataclass's methods and class variables count too
                 extra.append((f"static:{name}", value))
+                if watchable(value):
+                    # keyed in the walk by the fields its trace reads (a run id, a progress
+                    # bar, a lock it holds and never reads do not count)
+                    watched.append((f"static:{name}", value))
+                    digest = "see-fingerprint"
             static_parts.append((name, str(digest)))
             static_text.append(
                 f"{name}=(by code)" if digest == "see-fingerprint" else f"{name}={str(digest)[:8]}"
             )
         if static_text:
             signature += "; static " + ", ".join(static_text)
-        fun = request.fun
-        t0 = time.perf_counter()
-        # a function whose arrays are a hidden first argument (filter_jit of a Module: its
-        # leaves and structure are keyed as an argument's) counts by its class's code
-        fp = fingerprint(type(fun) if options.traced_fun else fun, extra=extra)
-        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
-        if not fp.sound and unsound is None:
-            unsound = fp.reason
         parts = KeyParts.for_call(
             function=request.function, structure=structure, sigs=sigs,
             statics=static_parts, jit_options=options.jax_options,
             in_shardings=options.in_shardings, out_shardings=options.out_shardings,
             donated=request.donated, filter_jit=options.filter_jit,
         )
-        return cls(parts, fp, signature, unsound)
+        reads: dict[str, tuple[str, ...] | None] = {name: None for name, _ in watched}
+        found = hint(parts) if hint is not None and watched else None
+        for name in reads:
+            fields = (found or {}).get(name)
+            if isinstance(fields, list | tuple) and all(isinstance(f, str) for f in fields):
+                reads[name] = tuple(sorted(set(fields)))
+        fun = request.fun
+        t0 = time.perf_counter()
+        # a function whose arrays are a hidden first argument (filter_jit of a Module: its
+        # leaves and structure are keyed as an argument's) counts by its class's code
+        fp = fingerprint(type(fun) if options.traced_fun else fun, extra=extra, reads=reads)
+        _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
+        if not fp.sound and unsound is None:
+            unsound = fp.reason
+        return cls(parts, fp, signature, unsound, tuple(watched), reads)
+
+    def reads_key(self) -> str:
+        """The key of this call's ``static-reads`` record: the fields its watched static
+        objects' trace read last (every key part but the program's own)."""
+        return self.parts.key("static-reads", "")
 
     def fingerprint_key(self) -> str:
         """The key by the function's fingerprint (when it is sound)."""

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base import StoreError, _stats, get_config, short_key
+from .._base import EntryError, StoreError, _stats, decode, get_config, short_key
 from .._keys import manifest_for
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
 from . import _tier_up
@@ -39,6 +39,8 @@ logger = logging.getLogger("kiln")
 _MANIFEST_UNSOUND = "manifest could not be fingerprinted (recorded on the first run)"
 # how many times in a row a new fingerprint of an unchanged program is stored (_same_program)
 _SAME_PROGRAM_COPIES = 2
+# how many read sets of a static object a static-reads record keeps (_Miss._rekey_by_reads)
+_READ_SETS = 4
 
 
 @contextlib.contextmanager
@@ -89,7 +91,10 @@ class _Miss:
         # (made right before the keys: the modules the fingerprint's static walk can see)
         self.program = Program(request.name, request.jitted, call.leaves, request.box,
                                call.treedef, request.statics.all, cfg)
-        self.keys = CallKeys.of(request)
+        # the read sets of the static-reads record found (None: no record)
+        self._hint_read: list[dict[str, Any]] | None = None
+        self.keys = CallKeys.of(request, hint=self._static_reads_hint)
+        self.program.watched = self.keys.watched
         self.unsound = self.keys.unsound  # why this call takes the verify path, or None
         self.explain = Explainer(request.name, cfg.explain)
         self.policy = _tier_up.Policy(self.program, cfg.tier_up, request.may_tier_up,
@@ -100,6 +105,80 @@ class _Miss:
         self.fp_key: str | None = None
         self.inlined_key: str | None = None  # the verify path's key of the inlined form
         self._manifest_made: tuple[list[list[str]], str | None] | None = None
+
+    # -- static objects keyed by the fields their trace read (kiln._keys._static_reads) -----
+    def _static_reads_hint(self, parts: Any) -> dict[str, Any] | None:
+        """The first of the read sets in the ``static-reads`` record under ``parts``' key
+        (``CallKeys.reads_key``): the fields each watched static object's trace read, most
+        recent first (:meth:`_other_read_sets` tries the others). None when there is none or
+        it cannot be read (a cache's hint: any hint keys soundly, a wrong one only misses; a
+        bad record is replaced by the next one written)."""
+        key = parts.key("static-reads", "")
+        try:
+            blob = self.store.get(key)
+        except (OSError, StoreError):
+            return None  # (the entry's own read meets the fault too, and warns)
+        if blob is None:
+            return None
+        self._hint_read = []
+        try:
+            entry = decode(blob, signing_key=self.cfg.signing_key,
+                           old_keys=self.cfg.signing_keys_old, key=key)
+        except EntryError as e:
+            logger.debug("kiln: static-reads record %s not used (%s)", short_key(key), e)
+            return None
+        sets = entry.header.get("reads")
+        if entry.header.get("kind") != "static-reads" or not isinstance(sets, list):
+            return None
+        self._hint_read = [r for r in sets if isinstance(r, dict)]
+        return self._hint_read[0] if self._hint_read else None
+
+    def _other_read_sets(self) -> Loaded | None:
+        """A hit under one of the record's other read sets (a read set that depends on the
+        values: ``if self.use_bias: ... self.bias``), adopting its keys; None if none hits."""
+        for reads in (self._hint_read or [])[1:]:
+            keys = CallKeys.of(self.request, hint=lambda _, r=reads: r)
+            if keys.unsound is not None or keys.reads == self.keys.reads:
+                continue
+            with self.explain.quietly():
+                got = self._load(keys.fingerprint_key())
+            if got.outcome is Outcome.HIT:
+                self._use_keys(keys)
+                return got
+        return None
+
+    def _use_keys(self, keys: CallKeys) -> None:
+        self.ctx = dataclasses.replace(self.ctx, keys=keys)
+        for part in (self.reader, self.writer):
+            part.ctx, part.keys = self.ctx, keys
+        self.keys = keys
+        self.fp_key = None if keys.unsound is not None else keys.fingerprint_key()
+
+    def _rekey_by_reads(self) -> str | None:
+        """After a trace: where a watched static object's trace read other fields than its
+        keys assumed, the keys by what it read, in use from here on, and the record of those
+        fields written for later processes (the last ``_READ_SETS`` read sets, most recent
+        first). Returns the new fingerprint key (None: unchanged, or no longer sound)."""
+        reads = self.program.static_reads
+        if not self.keys.watched or not reads or reads == self.keys.reads:
+            return None
+        self._use_keys(CallKeys.of(self.request, hint=lambda _: reads))
+        keys = self.keys
+        stored = {name: list(f) for name, f in reads.items() if f is not None}
+        sets = [stored] + [r for r in self._hint_read or [] if r != stored][:_READ_SETS - 1]
+        if stored and sets != self._hint_read:
+            if self._hint_read is not None:
+                self.ctx.replace_keys.add(keys.reads_key())  # (a remote put is create-only)
+            self.writer.put(keys.reads_key(), {
+                "kind": "static-reads", "function": self.request.function,
+                "signature": keys.signature, "reads": sets, "created": time.time()},
+                {}, counted=False)
+            self._hint_read = sets
+        self.explain("static-reads", "static objects keyed by the fields their trace read: "
+                     + "; ".join(f"{n.removeprefix('static:')}: "
+                                 + (", ".join(f) if f is not None else "(all)")
+                                 for n, f in reads.items()))
+        return self.fp_key
 
     def lower(self) -> Any:
         """The call's program lowered (``jax.stages.Lowered``), as compiling it would."""
@@ -137,6 +216,8 @@ class _Miss:
         self.fp_key = fp_key
         if fp_key is not None:
             got = self._load(fp_key)
+            if got.outcome is Outcome.ABSENT:
+                got = self._other_read_sets() or got
             if got.outcome is Outcome.HIT:
                 return got.executable
             if got.outcome is Outcome.VERIFY_ONLY:
@@ -153,7 +234,9 @@ class _Miss:
             else:
                 with _holding(lease, self.cfg.lease_seconds):
                     return self._trace_and_compile(fp_key, t_start)
-        self.explain("verify-path", f"taking the verify path: {self.unsound}")
+        self.explain("verify-path", f"taking the verify path: {self.unsound}" + (
+            " (unless the trace reads none of it)"
+            if self.keys.watched and self.unsound == self.keys.unsound else ""))
         return self._verify_path(t_start)
 
     def _trace_and_compile(self, fp_key: str, t_start: float) -> Any:
@@ -164,6 +247,20 @@ class _Miss:
         program.trace()
         if program.extra_inputs:
             return self._jax_runs_it()
+        if program.static_changed is not None:
+            self.unsound = program.static_changed
+            self.explain("verify-path", f"taking the verify path: {self.unsound}")
+            return self._verify_path(t_start)
+        rekeyed = self._rekey_by_reads()
+        if rekeyed is not None:
+            fp_key = rekeyed
+            got = self._load(fp_key)  # (another process may have stored it by these fields)
+            if got.outcome is Outcome.HIT:
+                return got.executable
+        elif self.keys.unsound is not None:
+            self.unsound = self.keys.unsound  # a field the trace read has no value
+            self.explain("verify-path", f"taking the verify path: {self.unsound}")
+            return self._verify_path(t_start)
         same = self._same_program(fp_key)
         if same is not None:
             return same
@@ -249,10 +346,20 @@ class _Miss:
         return got.executable
 
     def _verify_path(self, t_start: float) -> Any:
-        """Load or compile under keys of the lowered module (the fingerprint is not sound)."""
+        """Load or compile under keys of the lowered module (the fingerprint is not sound);
+        or, where the fingerprint was unsound only for a field of a static object that the
+        trace did not read, under the fingerprint keyed by the fields it read."""
         self.program.trace()
         if self.program.extra_inputs:
             return self._jax_runs_it()
+        if (self.unsound == self.keys.unsound and self.program.static_changed is None
+                and self._rekey_by_reads() is not None):
+            self.unsound = None
+            assert self.fp_key is not None  # internal invariant: set by the rekey
+            got = self._load(self.fp_key)
+            if got.outcome is Outcome.HIT:
+                return got.executable
+            return self._trace_and_compile(self.fp_key, t_start)
         if self.policy.tier_up and self.policy.candidate:
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self.keys.verify_key(self.program.inlined_facts[0], inlined=True)

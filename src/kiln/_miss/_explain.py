@@ -150,11 +150,20 @@ def describe_persistent_miss(
         best = None
     if best is None:
         return f"no stored entry for {function} ({signature})"
+    if not best:
+        return ("closest stored entry differs in no part kiln names (the digest of a static "
+                "value as a whole)")
     return "closest stored entry differs in: " + "; ".join(best[:8])
 
 
-# fingerprint parts that repeat a key part (static arguments) or only mark a position
-_NOISE = ("extra:", "value:static:", "container:static:")
+# fingerprint parts that repeat a key part (static arguments) or only mark a position; a
+# static object's fields (``value:static:self.lr``) are its key, and are named
+def _noise(name: str) -> bool:
+    if name.startswith("extra:"):
+        return True
+    if name.startswith(("value:static:", "container:static:")):
+        return "." not in name.partition("static:")[2]
+    return False
 
 
 def _short(v: str | None) -> str | None:
@@ -168,8 +177,8 @@ def diff_parts(
     new: list[tuple[str, str]], old: list[list[str]] | list[tuple[str, str]]
 ) -> list[str]:
     """Names (with old -> new values when short) of key parts that differ."""
-    old_d = {n: v for n, v in old if not n.startswith(_NOISE)}
-    new_d = {n: v for n, v in new if not n.startswith(_NOISE)}
+    old_d = {n: v for n, v in old if not _noise(n)}
+    new_d = {n: v for n, v in new if not _noise(n)}
     out = []
     for n in list(new_d) + [n for n in old_d if n not in new_d]:
         a, b = old_d.get(n), new_d.get(n)

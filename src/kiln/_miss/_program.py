@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from .._base import Config, _gc, _jax_compat, _stats
-from .._keys import TraceRecorder
+from .._keys import StaticReadWatch, TraceRecorder
 from . import _noinline_p
 from ._outputs import Box, abstract_sig
 
@@ -77,6 +77,11 @@ class Program:
         self._calls: set[Any] | None = None  # (see calls)
         self._primitives: list[Any] | None = None  # (see primitives)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
+        # the static objects keyed by the fields their trace reads (CallKeys.watched), and
+        # after a trace the fields each one's trace read (None: its whole state)
+        self.watched: tuple[tuple[str, Any], ...] = ()
+        self.static_reads: dict[str, tuple[str, ...] | None] = {}
+        self.static_changed: str | None = None  # a field of one the trace changed
         self.reads: list[list[str]] = []  # files and directories the cold trace read
         self.read_reason: str | None = None  # why those cannot be keyed (kiln._keys._reads)
         self.trace_seconds = 0.0  # tracing and lowering
@@ -100,8 +105,11 @@ class Program:
         if self.traced is None:
             t0 = time.perf_counter()
             recorder = TraceRecorder(self.modules_before, ignore=self._not_inputs())
-            with recorder, _gc.relaxed():
+            runs = getattr(getattr(self.jitted, "__wrapped__", None), "_kiln_runs", None)
+            watch = StaticReadWatch(self.watched, (lambda: runs[0]) if runs else None)
+            with recorder, watch, _gc.relaxed():
                 traced = self.traced = self.jitted.trace(*self.leaves)
+            self.static_reads, self.static_changed = watch.reads, watch.changed
             self._recorded = recorder.codes
             self.imported = recorder.imported
             self.reads, self.read_reason = recorder.reads, recorder.read_reason
