@@ -5,7 +5,8 @@ values hashed by value: arrays by shape, dtype and bytes), ``_fingerprint`` (the
 trace used: the static walk of ``_walker`` over code digested by ``_code``, libraries counted
 by version as ``_libraries`` tells them from user code), ``_recorder`` and ``_manifest`` (what
 ran while tracing, as a manifest checked on a warm start), ``_reads`` (files and directories a
-trace read), ``_static_reads`` (the fields a static object's trace read), ``_machine`` (the kind of machine an executable was compiled for) and ``_key`` (the
+trace read), ``_static_reads`` (the fields a static object's trace read), ``_machine`` (the
+kind of machine an executable was compiled for) and ``_key`` (the
 store key made from all of these).
 """
 

@@ -61,7 +61,7 @@ def watchable(v: Any) -> bool:
     if not isinstance(getattr(v, "__dict__", None), dict):
         return False
     for c in cls.__mro__[:-1]:
-        if c.__module__ == "builtins" or "__slots__" in vars(c) and c.__slots__ not in (
+        if c.__module__ == "builtins" or "__slots__" in vars(c) and vars(c)["__slots__"] not in (
                 (), "__dict__", ("__dict__",), ("__weakref__",), ("__dict__", "__weakref__")):
             return False
         mod = sys.modules.get(c.__module__)
@@ -80,7 +80,9 @@ class _Patched:
         self.watches: list[StaticReadWatch] = []
         self.own = {a: vars(cls)[a] for a in ("__getattribute__", "__hash__", "__eq__")
                     if a in vars(cls)}
-        getattribute, hash_, eq = cls.__getattribute__, cls.__hash__, cls.__eq__
+        getattribute: Any = cls.__getattribute__
+        hash_: Any = cls.__hash__
+        eq: Any = cls.__eq__
         watches = self.watches
 
         def __getattribute__(obj: Any, name: str) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -74,6 +75,10 @@ class Result:
     entries: list[tuple[Store, str]]
     verify_reason: str | None
     tier_up: _tier_up.Plan | None
+
+
+def _given(reads: dict[str, Any], _parts: Any) -> dict[str, Any]:
+    return reads
 
 
 def _no_reason() -> tuple[str, str] | None:
@@ -137,7 +142,7 @@ class _Miss:
         """A hit under one of the record's other read sets (a read set that depends on the
         values: ``if self.use_bias: ... self.bias``), adopting its keys; None if none hits."""
         for reads in (self._hint_read or [])[1:]:
-            keys = CallKeys.of(self.request, hint=lambda _, r=reads: r)
+            keys = CallKeys.of(self.request, hint=functools.partial(_given, reads))
             if keys.unsound is not None or keys.reads == self.keys.reads:
                 continue
             with self.explain.quietly():
