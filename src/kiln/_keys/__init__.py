@@ -5,8 +5,9 @@ values hashed by value: arrays by shape, dtype and bytes), ``_fingerprint`` (the
 trace used: the static walk of ``_walker`` over code digested by ``_code``, libraries counted
 by version as ``_libraries`` tells them from user code), ``_recorder`` and ``_manifest`` (what
 ran while tracing, as a manifest checked on a warm start), ``_reads`` (files and directories a
-trace read), ``_static_reads`` (the fields a static object's trace read), ``_machine`` (the
-kind of machine an executable was compiled for) and ``_key`` (the
+trace read), ``_environ`` (environment variables a trace read, and installed libraries'
+settings in their module globals), ``_static_reads`` (the fields a static object's trace
+read), ``_machine`` (the kind of machine an executable was compiled for) and ``_key`` (the
 store key made from all of these).
 """
 
@@ -30,6 +31,8 @@ from ._libraries import is_user_object as is_user_object
 from ._libraries import script_module as script_module
 from ._manifest import check_manifest as check_manifest
 from ._manifest import manifest_for as manifest_for
+from ._memos import MemoWatch as MemoWatch
+from ._memos import user_memos as user_memos
 from ._recorder import TraceRecorder as TraceRecorder
 from ._static_reads import StaticReadWatch as StaticReadWatch
 from ._static_reads import watchable as watchable
@@ -39,4 +42,5 @@ __all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "env
            "manifest_for",
            "ndarray_key", "option_text", "script_module", "static_digest", "StaticReadWatch",
            "static_digest_by_code", "STATIC_LEAF",
-           "TraceRecorder", "treedef_parts", "Unpersistable", "watchable"]
+           "MemoWatch", "TraceRecorder", "treedef_parts", "Unpersistable", "user_memos",
+           "watchable"]

@@ -54,22 +54,27 @@ def _apis() -> tuple[Any, ...]:
 
 
 _API_OBJECTS = _apis()
-_cache: dict[tuple[types.CodeType, int], frozenset[str]] = {}
+_cache: dict[tuple[types.CodeType, int], dict[str, frozenset[str]]] = {}
 
 
-def callback_roots(fn: types.FunctionType) -> frozenset[str]:
+_NONE: dict[str, frozenset[str]] = {}
+
+
+def callback_roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
     """The global and closure names that ``fn`` only passes to a host-callback API as the
-    callable (module doc). Empty for almost every function (a look at ``co_names`` first)."""
+    callable (module doc), each with the attributes read off it to get the callable (``ops``
+    of ``ops.transform``: ``{"ops": {"transform"}}``; a name passed as it is: no attribute).
+    Empty for almost every function (a look at ``co_names`` first)."""
     code = fn.__code__
     if not _API_NAMES & set(code.co_names):
-        return frozenset()
+        return _NONE
     key = (code, id(fn.__globals__))
     got = _cache.get(key)
     if got is None:
         try:
             got = _roots(fn)
         except Exception:  # noqa: BLE001 - anything unexpected: no roots (keyed by value)
-            got = frozenset()
+            got = _NONE
         if len(_cache) > 4096:
             _cache.clear()
         _cache[key] = got
@@ -105,10 +110,11 @@ def _resolve(fn: types.FunctionType, ins: dis.Instruction) -> Any:
 _MISSING = object()
 
 
-def _roots(fn: types.FunctionType) -> frozenset[str]:
+def _roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
     code = fn.__code__
     ins = _instructions(code)
     candidates: dict[str, int] = {}  # name -> number of its loads that are callback roots
+    attrs: dict[str, set[str]] = {}  # name -> the attributes read off it for the callable
     i = 0
     while i < len(ins):
         op = ins[i]
@@ -124,24 +130,27 @@ def _roots(fn: types.FunctionType) -> frozenset[str]:
         if obj is _MISSING or not any(obj is api for api in _API_OBJECTS):
             i += 1
             continue
-        root = _first_argument_root(fn, ins, j)
-        if root is not None:
+        found = _first_argument_root(fn, ins, j)
+        if found is not None:
+            root, attr = found
             candidates[root] = candidates.get(root, 0) + 1
+            attrs.setdefault(root, set()).update([attr] if attr else [])
         i = j
     if not candidates:
-        return frozenset()
+        return _NONE
     uses = _uses(code)
     nested = set()
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             nested |= _all_names(c)
-    return frozenset(n for n, k in candidates.items() if uses.get(n, 0) == k and n not in nested)
+    return {n: frozenset(attrs[n]) for n, k in candidates.items()
+            if uses.get(n, 0) == k and n not in nested}
 
 
 def _first_argument_root(fn: types.FunctionType, ins: list[dis.Instruction],
-                         j: int) -> str | None:
-    """The name whose load (with at most one attribute) is the whole first argument of the
-    call whose arguments start at ``ins[j]``, or None."""
+                         j: int) -> tuple[str, str | None] | None:
+    """The name whose load (with at most one attribute, also returned) is the whole first
+    argument of the call whose arguments start at ``ins[j]``, or None."""
     if j >= len(ins) or ins[j].opname not in ("LOAD_GLOBAL", "LOAD_DEREF"):
         return None
     if ins[j].opname == "LOAD_GLOBAL" and (ins[j].arg or 0) & 1 and ins[j].argrepr.startswith(
@@ -178,7 +187,8 @@ def _first_argument_root(fn: types.FunctionType, ins: list[dis.Instruction],
         if not isinstance(member, types.FunctionType) and attr not in getattr(obj, "__dict__",
                                                                               {}):
             return None  # a property or other descriptor runs code while tracing
-    return str(name)
+        return str(name), str(attr)
+    return str(name), None
 
 
 def _uses(code: types.CodeType) -> dict[str, int]:

@@ -13,6 +13,14 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
 - ``[name, "<rng>", digest]``: a global random generator the trace drew from
   (``numpy.random.mtrand._rand``, ``random._inst``), by its state before the trace
   (:mod:`kiln._keys._rngs`);
+- ``[name, "<env>", digest]``: an environment variable the trace read, by its value's digest
+  (``"absent"``: not set), and ``["<environ>", "<env>", digest, "all"]``: the trace iterated
+  the whole environment (:mod:`kiln._keys._environ`);
+- ``[module, "<libglobals>", digest, names]``: an installed library's module whose code ran
+  while tracing, by the plain values of the globals ``names`` that code reads (a setting the
+  library read at import, equinox's ``EQX_ON_ERROR``; :func:`kiln._keys._environ.library_globals`);
+- ``[module, "<memo>", digest, qualname]``: an ``lru_cache`` of a user function the trace got
+  a value from, by what it held before the trace (:mod:`kiln._keys._memos`);
 - ``["<jaxpr>", "<primitives>", digest, names]``: the rules JAX's registries hold for every
   primitive the program binds whose rules reach user code (lowering, JVP, transpose,
   batching, ...), found again by name:
@@ -38,9 +46,11 @@ import xxhash
 
 from .._base import _jax_compat
 from ._code import code_names
+from ._environ import ENV, LIBGLOBALS, check_env, check_library_globals, library_globals
 from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
 from ._libraries import LIB_ROOTS, is_user_class, is_user_file, module_is_user
+from ._memos import MEMO, check_memo
 from ._reads import DIR, FILE, STAT, check_read, check_stat
 from ._rngs import RNG, check_rng
 from ._walker import Walker, library_config_object, module_attr, slots_of, walk_failure
@@ -164,7 +174,9 @@ def manifest_for(
     - ``["<jaxpr>", "<primitives>", digest, names]`` for the ``primitives`` bound in the
       program (:func:`kiln._base._jax_compat.primitives_in`): their registered rules;
     - ``[package, "<config>", digest]`` for each installed library whose code is in ``codes``
-      and that has a config object.
+      and that has a config object;
+    - ``[module, "<libglobals>", digest, names]`` for each installed library module whose code
+      is in ``codes`` and names plain module globals (:func:`kiln._keys._environ.library_globals`).
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found
     again by module + qualname, or some read cannot be keyed (the fingerprint is then
@@ -236,6 +248,7 @@ def manifest_for(
         for top in sorted(t for t in tops if t is not None):
             if library_config_object(top) is not None:
                 tail.append([top, CONFIG, _config_digest(top)])
+        tail += library_globals(codes)
     except Unpersistable as e:
         return [], str(e)
     return ([[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads)
@@ -436,9 +449,27 @@ def check_manifest(
             if changed is not None:
                 return changed
             continue
+        if qualname == MEMO:
+            # a memo (lru_cache) the cold trace got a value from: ``rest[0]`` its qualname
+            changed = check_memo(module, rest[0] if rest else "", digest)
+            if changed is not None:
+                return changed
+            continue
         if qualname == RNG:
             # a global random generator the cold trace drew from: ``module`` is its name
             changed = check_rng(module, digest)
+            if changed is not None:
+                return changed
+            continue
+        if qualname == ENV:
+            # an environment variable the cold trace read (the whole environment: "all")
+            changed = check_env(module, digest, bool(rest) and rest[0] == "all")
+            if changed is not None:
+                return changed
+            continue
+        if qualname == LIBGLOBALS:
+            # plain globals of an installed library's module that code the trace ran reads
+            changed = check_library_globals(module, digest, rest[0] if rest else "")
             if changed is not None:
                 return changed
             continue

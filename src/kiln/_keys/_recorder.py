@@ -1,9 +1,10 @@
 """Recording a cold trace: what it used that a static walk before it cannot predict.
 
 A :class:`TraceRecorder` around the trace collects the user modules imported while tracing, on
-Python 3.12+ the code of every function that ran (``sys.monitoring``), and the files and
-directories read (:mod:`kiln._keys._reads`); :func:`kiln._keys._manifest.manifest_for` turns
-them into manifest items.
+Python 3.12+ the code of every function that ran (``sys.monitoring``), the files and
+directories read (:mod:`kiln._keys._reads`) and the environment variables read
+(:mod:`kiln._keys._environ`); :func:`kiln._keys._manifest.manifest_for` turns them into manifest
+items.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import threading
 import types
 from typing import Any
 
-from ._libraries import module_is_user
+from ._environ import EnvWatch
+from ._libraries import is_user_file, module_is_user
 from ._reads import ReadRecorder
 from ._rngs import RngWatch
 
@@ -40,7 +42,13 @@ class TraceRecorder:
       opened, directories it listed and paths it checked while tracing, as manifest items
       (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed (a socket, a
       pipe, a file that changed during the trace), else None; then the global random
-      generators the trace drew from (:class:`kiln._keys._rngs.RngWatch`).
+      generators the trace drew from (:class:`kiln._keys._rngs.RngWatch`), then the
+      environment variables it read (:class:`kiln._keys._environ.EnvWatch`; a variable that
+      changed during the trace is a ``read_reason``).
+    - ``callers``: the code on the stack when the recording opened that is not the user's
+      (installed libraries', kiln's: what called the trace, pytest, an IPython kernel, an
+      outer ``jax.jit``): not code the trace ran, though on Python 3.11 the equations'
+      tracebacks name it (:attr:`kiln._miss._program.Program.calls` leaves it out).
 
     Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
     ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
@@ -59,23 +67,28 @@ class TraceRecorder:
         self._before: set[str] = modules_before or set()
         self._reads = ReadRecorder(ignore)
         self._rngs = RngWatch()
+        self._env = EnvWatch()
+        self.callers: frozenset[types.CodeType] = frozenset()
 
     def __enter__(self) -> TraceRecorder:
         self._before = self._before or set(sys.modules)
+        self.callers = _library_callers(sys._getframe(1))
         if _monitoring is not None:
             with _recorders_lock:
                 if _start_monitoring():
                     _recorders.append(self)
         self._reads.__enter__()
         self._rngs.__enter__()
+        self._env.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._env.__exit__(*exc)
         self._rngs.__exit__(*exc)
         self._reads.__exit__(*exc)
         if exc[0] is None:
-            self.reads = self._reads.items() + self._rngs.items
-            self.read_reason = self._reads.unkeyable
+            self.reads = self._reads.items() + self._rngs.items + self._env.items
+            self.read_reason = self._reads.unkeyable or self._env.unkeyable
         if _monitoring is not None:
             with _recorders_lock:
                 if self in _recorders:
@@ -87,6 +100,16 @@ class TraceRecorder:
             if name not in self._before and isinstance(mod, types.ModuleType)
             and module_is_user(mod)
         ))
+
+
+def _library_callers(frame: types.FrameType | None) -> frozenset[types.CodeType]:
+    """The code on the stack from ``frame`` down that is not the user's."""
+    out = set()
+    while frame is not None:
+        if not is_user_file(frame.f_code.co_filename):
+            out.add(frame.f_code)
+        frame = frame.f_back
+    return frozenset(out)
 
 
 def _start_monitoring() -> bool:

@@ -699,7 +699,7 @@ class Walker:
             except ValueError:  # empty cell
                 continue
             if var in roots:
-                self.callback_target(f"{qual}.<closure {var}>", v)
+                self.callback_target(f"{qual}.<closure {var}>", v, roots[var])
             else:
                 values.append((f"{qual}.<closure {var}>", v))
         for name, v in values:
@@ -709,15 +709,34 @@ class Walker:
             else:
                 self.value(name, v)
 
-    def callback_target(self, name: str, v: Any) -> None:
+    def callback_target(self, name: str, v: Any, attrs: frozenset[str] = frozenset()) -> None:
         """A callback root (:mod:`kiln._keys._callback_roots`): the function only hands ``v``
-        to a host-callback API as the callable, so the program does not depend on what ``v``
-        holds or runs (a warm start calls the live ``v``). It counts by its type; it is kept
-        (not marked seen) so the host callbacks can refer to it and a use elsewhere is walked
-        by value."""
+        (or ``v.attr`` for each of ``attrs``) to a host-callback API as the callable, so the
+        program does not depend on what ``v`` holds or runs (a warm start calls the live
+        ``v``). It counts by its type; it is kept (not marked seen) so the host callbacks can
+        refer to it and a use elsewhere is walked by value.
+
+        ``v.attr`` held by ``v`` itself (a module's global, an instance's own attribute, a
+        class's attribute; not a method reached through an instance's class) can be rebound
+        while ``v`` stays what it is (``ops.transform = host_cube``): it counts by its type
+        and name, and is kept too, so a warm start calls what ``v.attr`` is now, as a trace
+        now would (issue 43)."""
         self.keep.append(v)
         cls = type(v)
         self.add(f"callback:{name}", f"{cls.__module__}.{cls.__qualname__}")
+        state = getattr(v, "__dict__", None)
+        for attr in sorted(attrs):
+            if not isinstance(state, dict | types.MappingProxyType) or attr not in state:
+                continue
+            try:
+                member = getattr(v, attr)  # (a class's staticmethod: the function)
+            except Exception:  # noqa: BLE001 - what the trace would meet: by the stored one
+                member = state[attr]
+            self.keep.append(member)
+            mcls = type(member)
+            self.add(f"callback:{name}.{attr}", f"{mcls.__module__}.{mcls.__qualname__}:"
+                     f"{getattr(member, '__module__', '')}."
+                     f"{getattr(member, '__qualname__', '')}")
 
     def library_function(self, fn: types.FunctionType) -> None:
         """A function defined in an installed library: its code counts by the library's
@@ -741,15 +760,15 @@ class Walker:
             self.in_library -= 1
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str,
-                   roots: frozenset[str] = frozenset()) -> None:
+                   roots: dict[str, frozenset[str]] | None = None) -> None:
         """The globals ``code`` names (in ``g``, else an imported user module or a builtin),
         and the attributes it names of the user modules among them."""
         names = code_names(code)
         modname = script_module(g.get("__name__", "?"))
         modules = []
         for name in sorted(names | module_strings(code)):
-            if name in roots and name in g:
-                self.callback_target(f"{modname}.{name}", g[name])
+            if roots and name in roots and name in g:
+                self.callback_target(f"{modname}.{name}", g[name], roots[name])
             elif name in g:
                 v = g[name]
                 self.value(f"{modname}.{name}", v)

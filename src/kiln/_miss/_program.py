@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from .._base import Config, _gc, _jax_compat, _stats
-from .._keys import StaticReadWatch, TraceRecorder
+from .._keys import MemoWatch, StaticReadWatch, TraceRecorder
 from . import _noinline_p
 from ._outputs import Box, abstract_sig
 
@@ -74,6 +74,7 @@ class Program:
         # how many values the trace closed over that jax.jit passes as inputs (_Miss._jax_runs_it)
         self.extra_inputs = 0
         self._recorded: set[Any] = set()  # code the recorder saw run (see TraceRecorder)
+        self._callers: frozenset[Any] = frozenset()  # library code that called the trace
         self._calls: set[Any] | None = None  # (see calls)
         self._primitives: list[Any] | None = None  # (see primitives)
         self.imported: tuple[str, ...] = ()  # user modules the cold trace imported
@@ -82,6 +83,9 @@ class Program:
         self.watched: tuple[tuple[str, Any], ...] = ()
         self.static_reads: dict[str, tuple[str, ...] | None] = {}
         self.static_changed: str | None = None  # a field of one the trace changed
+        # the user memos (lru_cache) the walk reached: one the trace got a value from is a
+        # manifest item (kiln._keys._memos)
+        self.memos: list[Any] = []
         self.reads: list[list[str]] = []  # files and directories the cold trace read
         self.read_reason: str | None = None  # why those cannot be keyed (kiln._keys._reads)
         self.trace_seconds = 0.0  # tracing and lowering
@@ -107,12 +111,14 @@ class Program:
             recorder = TraceRecorder(self.modules_before, ignore=self._not_inputs())
             runs = getattr(getattr(self.jitted, "__wrapped__", None), "_kiln_runs", None)
             watch = StaticReadWatch(self.watched, (lambda: runs[0]) if runs else None)
-            with recorder, watch, _gc.relaxed():
+            memos = MemoWatch(self.memos)
+            with recorder, watch, memos, _gc.relaxed():
                 traced = self.traced = self.jitted.trace(*self.leaves)
             self.static_reads, self.static_changed = watch.reads, watch.changed
-            self._recorded = recorder.codes
+            self._recorded, self._callers = recorder.codes, recorder.callers
             self.imported = recorder.imported
-            self.reads, self.read_reason = recorder.reads, recorder.read_reason
+            self.reads = recorder.reads + memos.items
+            self.read_reason = recorder.read_reason or memos.reason
             self.extra_inputs = _jax_compat.traced_extra_inputs(traced)
             _stats.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0
@@ -176,11 +182,13 @@ class Program:
         """The code the cold trace ran (see TraceRecorder): the functions that emitted the
         program's equations, and what the recorder saw run. Made from the traced jaxpr on
         first use: only a manifest needs it (a load that stores nothing under the fingerprint
-        makes none)."""
+        makes none). The equations' tracebacks also name the library code below the trace
+        (its callers: pytest, an outer jax.jit), which is left out."""
         if self._calls is None:
             if self.traced is None:
                 return set()
-            self._calls = _jax_compat.codes_in_jaxpr(self.traced.jaxpr) | self._recorded
+            self._calls = ((_jax_compat.codes_in_jaxpr(self.traced.jaxpr) - self._callers)
+                           | self._recorded)
         return self._calls
 
     @property

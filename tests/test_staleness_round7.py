@@ -1,0 +1,129 @@
+"""Never stale, round 7 (issue 43): a host callback reached through an attribute rebound
+between runs, and a value a trace got back from a memo (``functools.lru_cache``) filled before
+the trace from a file. Each program runs in fresh processes sharing a store; the reference is
+plain ``jax.jit`` in the same process. Unchanged, the second run loads with no trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+OPS = '''\
+import numpy as np
+
+
+def host_square(x):
+    return np.asarray(x) ** 2
+
+
+def host_cube(x):
+    return np.asarray(x) ** 3
+
+
+transform = host_square
+'''
+
+PROG = '''\
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kiln
+import ops
+
+
+class Ops:
+    transform = staticmethod(ops.host_square)
+
+
+class Sim:
+    def __init__(self):
+        self.handler = ops.host_square
+
+
+sim = Sim()
+if sys.argv[1] == "cube":  # rebound before the call, as a plugin or a config would
+    ops.transform = ops.host_cube
+    Ops.transform = staticmethod(ops.host_cube)
+    sim.handler = ops.host_cube
+k = float(sys.argv[2])
+lam = lambda x: np.asarray(x) * k  # noqa: E731 - another closure each run
+
+
+@functools.lru_cache
+def load_coeffs():
+    with open("coeffs.txt") as f:
+        return float(f.read())
+
+
+print("coefficients", load_coeffs())  # filled before any trace
+
+
+def shape(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def module_attr(x):
+    return jax.pure_callback(ops.transform, shape(x), x)
+
+
+def class_attr(x):
+    return jax.pure_callback(Ops.transform, shape(x), x)
+
+
+def instance_attr(x):
+    return jax.pure_callback(sim.handler, shape(x), x)
+
+
+def closure(x):
+    return jax.pure_callback(lam, shape(x), x)
+
+
+def memo(x):
+    return x * load_coeffs()
+
+
+x = jnp.arange(1.0, 4.0)
+for fn in (module_attr, class_attr, instance_attr, closure, memo):
+    call(fn.__name__, kiln.jit(fn), x)
+    call(fn.__name__ + ":jax", jax.jit(fn), x)
+report()
+'''
+NAMES = ("module_attr", "class_attr", "instance_attr", "closure", "memo")
+
+
+def test_rebound_callbacks_and_memo_values(tmp_path: Any, xp: Any) -> None:
+    prog = xp.Program(tmp_path)
+    prog.write("ops.py", OPS)
+    prog.write("prog.py", PROG)
+
+    def run(how: str, k: str, coeff: str) -> Any:
+        (prog.dir / "coeffs.txt").write_text(coeff)
+        r = prog.run(how, k)
+        for name in NAMES:
+            assert xp.value(r[name]) == xp.value(r[name + ":jax"]), (how, k, coeff, name)
+        return r
+
+    cold = run("square", "2.0", "2.0")
+    for name in NAMES:
+        assert cold[name]["misses"] == 1 and cold[name]["compiles"] == 1, name
+    warm = run("square", "2.0", "2.0")
+    for name in NAMES:
+        xp.assert_warm(warm[name])
+    # rebound attributes, another closure value, another file behind the memo: each follows
+    changed = run("cube", "3.0", "5.0")
+    for name in ("module_attr", "class_attr", "instance_attr", "memo"):
+        assert changed[name]["misses"] == 1, name
+    xp.assert_warm(changed["closure"])  # (the live lambda is called: its value follows)
+    back = run("square", "2.0", "2.0")
+    for name in NAMES[:-1]:  # the first entries again (a rebound callback is another key)
+        xp.assert_warm(back[name])
+    # a memo's value is a manifest item: its entry, under the same key, was replaced
+    assert back["memo"]["misses"] == 1
