@@ -158,8 +158,14 @@ def manifest_for(
     reads: Sequence[list[str]] = (),
     read_reason: str | None = None,
     primitives: Sequence[Any] = (),
+    library_codes: set[types.CodeType] | None = None,
 ) -> tuple[list[list[str]], str | None]:
     """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
+
+    ``library_codes``: the code whose library globals are keyed (default ``codes``); the
+    functions that emitted the program's equations, on every Python (on 3.12+ ``codes`` also
+    holds every library function that ran, and some keep run-time state in plain globals:
+    keyed, a warm start of an unchanged program missed).
 
     - ``[module, qualname, digest]`` for each user function whose code is in ``codes`` (the
       frames that emitted the program's equations, :func:`kiln._base._jax_compat.codes_in_jaxpr`,
@@ -248,7 +254,7 @@ def manifest_for(
         for top in sorted(t for t in tops if t is not None):
             if library_config_object(top) is not None:
                 tail.append([top, CONFIG, _config_digest(top)])
-        tail += library_globals(codes)
+        tail += library_globals(codes if library_codes is None else library_codes)
     except Unpersistable as e:
         return [], str(e)
     return ([[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads)

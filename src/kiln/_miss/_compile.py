@@ -290,7 +290,8 @@ class _Miss:
             t0 = time.perf_counter()
             self._manifest_made = manifest_for(program.calls, self.keys.fp, program.imported,
                                                program.reads, program.read_reason,
-                                               primitives=program.primitives)
+                                               primitives=program.primitives,
+                                               library_codes=program.emitted)
             _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         return self._manifest_made
 

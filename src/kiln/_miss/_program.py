@@ -192,6 +192,14 @@ class Program:
         return self._calls
 
     @property
+    def emitted(self) -> set[Any]:
+        """The code that emitted the program's equations (not the recorder's: see
+        ``manifest_for``'s ``library_codes``)."""
+        if self.traced is None:
+            return set()
+        return _jax_compat.codes_in_jaxpr(self.traced.jaxpr) - self._callers
+
+    @property
     def primitives(self) -> list[Any]:
         """The primitives the program binds (their rules count in the manifest), from the
         traced jaxpr on first use."""

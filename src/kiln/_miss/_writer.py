@@ -141,7 +141,9 @@ class EntryWriter:
                 primitives += _jax_compat.primitives_in(sub_jaxpr)
             manifest, reason = manifest_for(codes, self.keys.fp, program.imported,
                                             program.reads, program.read_reason,
-                                            primitives=primitives)
+                                            primitives=primitives,
+                                            library_codes=codes - program.calls
+                                            | program.emitted)
             if reason is not None:
                 self.explain("tier-up", f"inlined program not stored: {reason}")
                 return result
