@@ -245,11 +245,6 @@ def test_kiln_jit_hits_while_the_file_is_unchanged_and_follows_a_change(
     f = kiln.jit(scaled)
     x = jnp.ones(3, jnp.float32)
     np.testing.assert_array_equal(f(x), OLD)
-    if kiln.stats().reasons.get("verify-path", 0) and name == "netCDF4.Dataset" and (
-            sys.version_info >= (3, 12)):
-        # seen in CI on Python 3.12 (jax 0.11): the verify path, values still right; not
-        # found yet (issue 43's note)
-        pytest.xfail("netCDF4 on Python 3.12 takes the verify path")
     assert kiln.stats().reasons.get("verify-path", 0) == 0, kiln.stats().reasons
     f.clear_cache()
     kiln.reset_stats()
@@ -563,12 +558,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory, xp: Any) -> dict[str, Any]:
     return out
 
 
-# zarr: the walk keys zarr.config (donfig), whose lock's token is a uuid made in each process, so
-# a second process misses on an unchanged program (kiln._keys._walker, not the file reads)
-_ZARR_WARM = pytest.mark.xfail(strict=True, reason="the fingerprint walk keys "
-                               "zarr.config.config_lock.token, new in every process")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CROSS)
 def test_across_processes_a_changed_file_gives_the_new_value(
@@ -587,8 +576,7 @@ def test_across_processes_a_changed_file_gives_the_new_value(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_ZARR_WARM) if n == "by_zarr" else n
-                                  for n in CROSS])
+@pytest.mark.parametrize("name", CROSS)
 def test_across_processes_an_unchanged_file_warm_starts(
     runs: dict[str, Any], xp: Any, name: str
 ) -> None:

@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 import threading
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -466,3 +467,31 @@ def test_a_logger_is_keyed_by_name_and_levels_not_by_what_logging_keeps():
         assert _digest(f) != a
     finally:
         log.setLevel(logging.NOTSET)
+
+
+def test_a_library_setting_is_keyed_by_its_values_not_its_lock_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """zarr's config (a donfig ``Config``) holds a ``SerializableLock`` whose token is a uuid
+    made in each process, and ``os.environ``: keyed by what they are, so an unchanged program
+    warm-starts (tests/test_c_readers.py across processes); a changed setting is another key."""
+    donfig = pytest.importorskip("donfig")
+    from kiln._keys._walker import Walker
+
+    def digest(cfg: Any) -> str:
+        w = Walker()
+        w.value("lib.config", cfg, lenient=True)
+        return w.sound_digest()
+
+    a, b = donfig.Config("kilntest", defaults=[{"x": 1}]), donfig.Config("kilntest",
+                                                                         defaults=[{"x": 1}])
+    assert a.config_lock.token != b.config_lock.token and a.env is os.environ
+    assert digest(a) == digest(b)
+    monkeypatch.setenv("KILN_TEST_UNREAD", "1")  # not read by any trace
+    assert digest(a) == digest(b)
+    b.set({"x": 2})
+    assert digest(a) != digest(b)
+    user_lock = threading.Lock()
+    w = Walker()
+    w.value("user_lock", user_lock)  # the user's own lock: its state is not seen, unsound
+    assert w.reason is not None and "user_lock" in w.reason

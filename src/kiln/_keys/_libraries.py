@@ -68,6 +68,11 @@ def is_user_file(filename: str) -> bool:
     """
     if not filename or filename.startswith("<"):
         return True
+    if not os.path.isabs(filename) and not os.path.exists(filename):
+        # a compiled extension's code: Cython names its functions' code by the build-time
+        # relative path of their source (netCDF4's ``src/netCDF4/_netCDF4.pyx``), and on
+        # Python 3.12 the trace recorder sees them run; keyed with their library
+        return False
     real = os.path.realpath(filename)
     return not real.startswith(LIB_ROOTS) and not real.startswith(KILN_ROOT)
 

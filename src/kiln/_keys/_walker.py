@@ -488,6 +488,16 @@ class Walker:
         if isinstance(v, types.UnionType | types.GenericAlias) or cls.__module__ == "typing":
             self.add(f"typing:{name}", repr(v))  # an annotation: ``Event | None``
             return
+        if v is os.environ:
+            # held by a library's settings (donfig's ``Config.env``, zarr's): a variable the
+            # trace reads is keyed by name and value as it is read (manifest ``<env>``)
+            self.add(f"environ:{name}", "")
+            return
+        if not user and (lenient or self.in_library) and _is_lock(cls):
+            # a library's lock (donfig's ``SerializableLock``, whose ``token`` is a uuid made
+            # in each process, in zarr.config): it guards state, it is not state; by class
+            self.add(f"lock:{name}", f"{cls.__module__}.{cls.__qualname__}")
+            return
         if getattr(cls, "__kiln_digest__", None) is None and self.try_walk_instance(name, v, user):
             return
         try:
@@ -931,6 +941,12 @@ def _sentinel_name(g: dict[str, Any], v: object) -> str | None:
 # those, and the rest (cache directories, which kiln itself sets, logging, ...) builds no
 # program; kiln's own holds its store settings.
 _CONFIG_KEYED_ELSEWHERE = frozenset({"jax", "jaxlib", "kiln"})
+
+
+def _is_lock(cls: type) -> bool:
+    """A lock-like class: ``acquire``, ``release`` and a context manager (``threading.Lock``,
+    ``RLock``, donfig's ``SerializableLock``, ``multiprocessing``'s locks)."""
+    return all(callable(getattr(cls, a, None)) for a in ("acquire", "release", "__enter__"))
 
 
 def library_config_object(top: str) -> Any:
