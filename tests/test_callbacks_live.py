@@ -114,6 +114,20 @@ def make_writer():
 
 
 THRESH = 1.0
+PID = __import__("os").getpid()  # a global that differs in every process
+
+
+def make_tagged():
+    tags = []
+
+    def f(x):
+        TRACE()
+        # only the callback reads PID, when the program runs: not keyed (a warm start hits),
+        # and read live (a copy of the cold run's binding would append False)
+        jax.debug.callback(lambda v: tags.append(PID == __import__("os").getpid()), x)
+        return x + 1.0
+
+    return JIT(f), tags
 
 
 def make_thresh():
@@ -121,8 +135,8 @@ def make_thresh():
 
     def f(x):
         TRACE()
-        # a lambda the trace makes, reading a module global the program rebinds later: a
-        # stored copy would hold the binding of the cold run; rebuilt by tracing instead
+        # a lambda the trace makes, reading a module global the program rebinds later: it
+        # comes back bound to the module's live globals, so it reads THRESH as it is now
         jax.debug.callback(lambda v: above.append(bool(float(v) > THRESH)), jnp.sum(x))
         return x * 1.0
 
@@ -200,6 +214,11 @@ def main():
     jax.effects_barrier()
     out["above"] = above
 
+    tagged, tags = make_tagged()
+    call("tagged", tagged, x)
+    jax.effects_barrier()
+    out["tags"] = tags
+
     h, sink = make_writer()
     call("writer", h, x)
     jax.effects_barrier()
@@ -263,5 +282,13 @@ def test_a_callback_that_would_hold_a_copy_is_rebuilt_by_tracing(runs, xp):
     xp.assert_warm_verified(warm["writer"])
     assert warm["writer"]["jax_lowerings"] >= 1
     assert warm.extra["sink"] == ref.extra["sink"] == [2.0]
-    xp.assert_warm_verified(warm["thresh"])
+
+def test_a_callback_the_trace_made_reads_the_live_globals(runs, xp):
+    """A lambda the trace made reads a global only when the program runs: the global is not
+    keyed (no trace on the warm start), and the lambda comes back bound to the module's live
+    globals, so it sees the program rebind THRESH as a cold run does."""
+    ref, _, warm = runs
+    xp.assert_warm(warm["thresh"])
     assert warm.extra["above"] == ref.extra["above"] == [True, False]
+    xp.assert_warm(warm["tagged"])  # PID differs in every process
+    assert warm.extra["tags"] == ref.extra["tags"] == [True]

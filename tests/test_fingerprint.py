@@ -495,3 +495,75 @@ def test_a_library_setting_is_keyed_by_its_values_not_its_lock_or_the_environmen
     w = Walker()
     w.value("user_lock", user_lock)  # the user's own lock: its state is not seen, unsound
     assert w.reason is not None and "user_lock" in w.reason
+
+
+RUN_ID = "run-1"
+
+
+def test_a_global_only_a_host_callback_reads_is_not_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``jax.debug.callback(lambda v: print(RUN_ID, v), y)``: the lambda runs with the program,
+    not while tracing, and a warm start binds it to the module's live globals, so RUN_ID is
+    not keyed; a name the function's own code reads too, or one in a default (evaluated while
+    tracing), still is."""
+    from kiln._keys._callback_roots import callback_only_names
+
+    def only_callback(x):
+        jax.debug.callback(lambda v: print(RUN_ID, v), x)
+        return x * 2.0
+
+    def also_traced(x):
+        jax.debug.callback(lambda v: print(RUN_ID, v), x)
+        return x * len(RUN_ID)
+
+    def in_default(x):
+        jax.debug.callback(lambda v, r=RUN_ID: print(r, v), x)
+        return x
+
+    assert callback_only_names(only_callback) == {"RUN_ID", "print"}
+    assert callback_only_names(also_traced) == {"print"}
+    assert callback_only_names(in_default) == set()
+    before = [fingerprint(f).digest for f in (only_callback, also_traced, in_default)]
+    monkeypatch.setattr(sys.modules[__name__], "RUN_ID", "run-2")
+    after = [fingerprint(f).digest for f in (only_callback, also_traced, in_default)]
+    assert before[0] == after[0]
+    assert before[1] != after[1] and before[2] != after[2]
+
+
+def _host_square(v):
+    return v * v
+
+
+def _host_cube(v):
+    return v * v * v
+
+
+class _Ops:
+    transform = staticmethod(_host_square)
+
+
+transform = _host_square
+late = _host_cube
+
+
+def test_swapping_which_function_two_names_bind_changes_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A function's code is a part where it is first met; which name binds it must count too:
+    ``transform`` and ``late`` swapping two functions (one also a class's staticmethod, met
+    first) was the same walk, a stale hit (found by the staleness fuzzer)."""
+    me = sys.modules[__name__]
+
+    def f(x):
+        return _Ops.transform(x) + transform(x) * late(x)
+
+    before = fingerprint(f).digest
+    monkeypatch.setattr(me, "transform", _host_cube)
+    monkeypatch.setattr(me, "late", _host_square)
+    assert fingerprint(f).digest != before
+    monkeypatch.setattr(_Ops, "transform", staticmethod(_host_cube))
+    swapped = fingerprint(f).digest
+    monkeypatch.setattr(_Ops, "transform", staticmethod(_host_square))
+    assert fingerprint(f).digest != swapped
+    monkeypatch.setattr(me, "transform", _host_square)
+    monkeypatch.setattr(me, "late", _host_cube)
+    assert fingerprint(f).digest == before

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import datetime
+import decimal
 import enum
+import fractions
 import functools
 import gc
 import http
+import pathlib
+import re
 import sys
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from kiln_test_children import child_env, run_child
 
+import kiln
 from kiln._base._errors import StaticArgumentError
 from kiln._keys import _hashing
 from kiln._keys._hashing import Unpersistable, array_digest, static_digest
@@ -424,6 +432,354 @@ def test_self_referential_is_static_argument_error() -> None:
     x.append(x)
     with pytest.raises(StaticArgumentError, match="nested too deeply"):
         d(x)
+
+
+# --------------------------------------------------------------------------------------------
+# Standard-library values: by what they are, each type with its own tag
+
+# One of each, built from this text in this process and in children (equal values, fresh
+# objects); a ZoneInfo needs the tz database, so it is tested on its own
+STDLIB = """
+import collections, datetime as dt, decimal, fractions, pathlib, re, uuid
+VALUES = (
+    dt.date(2024, 1, 1),
+    dt.datetime(2024, 1, 1, 12, 30, 15, 7),
+    dt.datetime(2024, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=-5), "EST")),
+    dt.time(23, 59, 1, 5, tzinfo=dt.timezone.utc),
+    dt.timedelta(days=-1, seconds=5),
+    dt.timezone.utc,
+    decimal.Decimal("-0.250"),
+    decimal.Decimal("NaN12"),
+    fractions.Fraction(-3, 9),
+    re.compile(r"layer_(\\d+)", re.I),
+    re.compile(rb"x+"),
+    collections.deque([1.5, "a", (2,)], maxlen=5),
+    uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    pathlib.PurePosixPath("data/train.csv"),
+    pathlib.PureWindowsPath("C:/data"),
+    pathlib.Path("a") / "b",
+)
+"""
+
+
+def stdlib_values() -> tuple[Any, ...]:
+    scope: dict[str, Any] = {}
+    exec(STDLIB, scope)
+    return scope["VALUES"]
+
+
+def zone(key: str) -> Any:
+    import zoneinfo
+
+    try:
+        return zoneinfo.ZoneInfo(key)
+    except zoneinfo.ZoneInfoNotFoundError:
+        pytest.skip(f"no tz database entry {key!r} here")
+
+
+class Day(datetime.date):
+    """A date subclass: it may hold more than the date's fields."""
+
+
+class Dec(decimal.Decimal):
+    pass
+
+
+class Offset(datetime.tzinfo):
+    """A tzinfo computing offsets in its own code."""
+
+    def utcoffset(self, dt: datetime.datetime | None) -> datetime.timedelta:
+        return datetime.timedelta(hours=1)
+
+
+def test_golden_digests_of_stdlib_values() -> None:
+    """Pinned as above (a change bumps ``_entry.FORMAT_VERSION``)."""
+    assert [d(v) for v in stdlib_values()] == [
+        "db07fecf273e3a64139bf16e5359feb9",  # date
+        "820b2fb681af240f8fe6ab0618609fd8",  # naive datetime
+        "40fbeade64468373965d4eb249210d9c",  # datetime with a timezone
+        "37fc0363b929173a12911b07c92828d8",  # time
+        "377fbc0e8e0179ca38b46c0142ff9230",  # timedelta
+        "1308c80590a04e6313cb8756b6f2132f",  # timezone.utc
+        "40c48838aebe180e02e5e5108ee4a648",  # Decimal("-0.250")
+        "b2e023de1dd31b5e2294040af809ec73",  # Decimal("NaN12")
+        "1abbfa09944164b24000c3d0f56d6758",  # Fraction
+        "93639f5fafefc1c47cc66fef8b86b505",  # str regex
+        "156620097fcfbc2be47ef48fb893f6eb",  # bytes regex
+        "af0d98ad22d04adb52ff41d8f9f9798c",  # deque
+        "6eb4cf49715ed2be761f1ed2d7332450",  # UUID
+        "cb9aea39ea760e74e3040d21455a6505",  # PurePosixPath
+        "a5ade064d0d479a2bf58e6ebe671a3c4",  # PureWindowsPath
+        "69723cff7fac7e9b364f416cf09248ce",  # PosixPath
+    ]
+
+
+def test_stdlib_values_equal_by_value() -> None:
+    for a, b in zip(stdlib_values(), stdlib_values(), strict=True):
+        assert d(a) == d(b), a
+    tz = datetime.timezone(datetime.timedelta(hours=2))
+    assert d(datetime.datetime(2024, 1, 1, tzinfo=tz)) == d(
+        datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=2))))
+    assert d(fractions.Fraction(1, 3)) == d(fractions.Fraction(-2, -6))  # normalised
+    assert d(re.compile("a")) == d(re.compile("a", re.UNICODE))  # (str patterns: implied)
+
+
+def test_stdlib_values_differ() -> None:
+    D, date, dtime, td = decimal.Decimal, datetime.date, datetime.datetime, datetime.timedelta
+    utc = datetime.UTC
+    values = [
+        *stdlib_values(),
+        date(2020, 1, 1), date(2020, 1, 2), "2020-01-01", (2020, 1, 1), [2020, 1, 1],
+        dtime(2020, 1, 1), dtime(2020, 1, 1, tzinfo=utc),  # naive and aware
+        dtime(2020, 1, 1, fold=1),  # == the fold=0 one, but a zone picks another offset
+        dtime(2020, 1, 1, tzinfo=datetime.timezone(td(0), "GMT")),  # == utc, another %Z
+        dtime(2020, 1, 1, tzinfo=datetime.timezone(td(hours=1))),
+        datetime.time(0, 0), datetime.time(0, 0, tzinfo=utc), td(0), td(microseconds=1),
+        td(days=1), td(seconds=86399), datetime.timezone(td(hours=-1)),
+        D("0"), D("-0"), D("0.0"), D("1.0"), D("1.00"), D("1"), D("-1"), D("1E+1"), D("10"),
+        D("NaN"), D("-NaN"), D("sNaN"), D("NaN1"), D("Infinity"), D("-Infinity"), 0, 0.0,
+        fractions.Fraction(1, 2), fractions.Fraction(1, 3), fractions.Fraction(2), 2, 0.5,
+        re.compile("a+"), re.compile(b"a+"), re.compile("a+", re.I), re.compile("a+", re.M),
+        "a+", b"a+",
+        collections.deque([1, 2]), collections.deque([1, 2], maxlen=2),
+        collections.deque([1, 2], maxlen=3), collections.deque([2, 1]), collections.deque(),
+        collections.deque([None]), [1, 2], (1, 2),
+        uuid.UUID(int=1), uuid.UUID(int=2), 1, b"\0" * 15 + b"\1",
+        pathlib.PurePosixPath("a/b"), pathlib.PureWindowsPath("a/b"),  # (and Path("a/b"))
+        pathlib.PurePosixPath("a/c"), "a/b",
+    ]
+    digests = [d(v) for v in values]
+    assert len(set(digests)) == len(values), [
+        v for v, x in zip(values, digests, strict=True) if digests.count(x) > 1]
+
+
+def test_decimal_nan_equals_itself() -> None:
+    """By ``as_tuple``, as floats by their bits: a NaN equals a NaN with the same payload."""
+    assert d(decimal.Decimal("NaN")) == d(decimal.Decimal("nan"))
+    assert d(decimal.Decimal("-sNaN7")) == d(decimal.Decimal("-sNaN7"))
+
+
+def test_deque_items_by_value_and_mutation_changes_digest() -> None:
+    q = collections.deque([np.arange(3), {"k": 1.5}], maxlen=4)
+    before = d(q)
+    assert before == d(collections.deque([np.arange(3), {"k": 1.5}], maxlen=4))
+    q[1]["k"] = 2.5
+    assert d(q) != before
+    with pytest.raises(Unpersistable, match=r"path: \[0\]"):
+        d(collections.deque([Opaque()]))
+
+
+def test_zoneinfo_by_key() -> None:
+    paris = zone("Europe/Paris")
+    import zoneinfo
+
+    assert d(paris) == d(zoneinfo.ZoneInfo.no_cache("Europe/Paris"))  # another object
+    assert d(paris) != d(zone("UTC")) and d(paris) != d("Europe/Paris")
+    noon = datetime.datetime(2024, 7, 1, 12)
+    assert d(noon.replace(tzinfo=paris)) == d(noon.replace(tzinfo=zone("Europe/Paris")))
+    assert d(noon.replace(tzinfo=paris)) != d(noon.replace(tzinfo=zone("Europe/Berlin")))
+    assert d(noon.replace(tzinfo=paris)) != d(noon.replace(tzinfo=datetime.timezone(
+        datetime.timedelta(hours=2))))  # the same offset that day: another zone
+
+
+def test_other_tzinfo_and_zone_from_a_file_are_unpersistable(tmp_path: Any) -> None:
+    with pytest.raises(Unpersistable, match=r"path: \.tzinfo.*Offset"):
+        d(datetime.datetime(2024, 1, 1, tzinfo=Offset()))
+    with pytest.raises(Unpersistable, match="tzinfo"):
+        d(datetime.time(1, tzinfo=Offset()))
+    import zoneinfo
+
+    key = "Europe/Paris"
+    zone(key)
+    source = next((pathlib.Path(p) / key for p in zoneinfo.TZPATH
+                   if (pathlib.Path(p) / key).is_file()), None)
+    if source is None:
+        pytest.skip("the tz database is not a folder here (the tzdata package)")
+    with source.open("rb") as f:
+        from_file = zoneinfo.ZoneInfo.from_file(f)
+    with pytest.raises(Unpersistable, match="from a file"):
+        d(from_file)
+
+
+def test_stdlib_subclasses_do_not_take_the_base_digest() -> None:
+    """A subclass can hold more than its base shows (``pandas.Timestamp``'s nanoseconds): it is
+    hashed as any other object, here by identity."""
+    with pytest.raises(Unpersistable, match="Day"):
+        d(Day(2024, 1, 1))
+    with pytest.raises(Unpersistable, match="Dec"):
+        d(Dec("1"))
+
+
+def test_stdlib_static_arguments_in_process() -> None:
+    """In process a hashable static value is looked up by ``hash`` / ``==`` (as jax.jit); only
+    the unhashable deque is given a digest, so a deque changed in place is never stale."""
+    traces: list[Any] = []
+
+    def body(x: Any, v: Any) -> Any:
+        traces.append(v)
+        return x * float(v[-1] if isinstance(v, collections.deque) else v.month)
+
+    f = kiln.jit(body, static_argnums=1)
+    x = jnp.float32(2.0)
+    assert float(f(x, datetime.date(2024, 1, 1))) == 2.0
+    assert float(f(x, datetime.date(2024, 1, 1))) == 2.0
+    assert float(f(x, datetime.date(2024, 3, 1))) == 6.0
+    assert len(traces) == 2
+    q = collections.deque([1.0, 2.0], maxlen=3)
+    assert float(f(x, q)) == 4.0
+    assert float(f(x, collections.deque([1.0, 2.0], maxlen=3))) == 4.0
+    assert len(traces) == 3
+    q.append(5.0)  # changed in place: never the old executable
+    assert float(f(x, q)) == 10.0
+    assert len(traces) == 4
+
+
+@pytest.mark.slow
+def test_stdlib_digests_are_stable_across_processes() -> None:
+    code = STDLIB + (
+        "from kiln._keys._hashing import static_digest as s\n"
+        "print(*[s(v, argname='x') for v in VALUES])\n"
+    )
+    runs = {
+        run_child(
+            [sys.executable, "-c", code],
+            check=True,
+            env=child_env(PYTHONHASHSEED=seed, PYTHONPATH=":".join(sys.path),
+                          JAX_PLATFORMS="cpu"),
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert runs == {" ".join(d(v) for v in stdlib_values())}
+
+
+STDLIB_PROG = """
+import collections
+import datetime
+import decimal
+import fractions
+import pathlib
+import re
+import uuid
+
+import jax.numpy as jnp
+
+import kiln
+
+START = datetime.date(2024, 1, 1)
+NOON = datetime.datetime(2024, 1, 1, 12, tzinfo=datetime.timezone.utc)
+STEP = datetime.timedelta(minutes=90)
+RATE = decimal.Decimal("0.25")
+SHARE = fractions.Fraction(1, 4)
+PATTERN = re.compile(r"layer_(\\d+)")
+HISTORY = collections.deque([1.0, 2.0], maxlen=4)
+RUN = uuid.UUID(int=12)
+DATA = pathlib.PurePosixPath("data") / "train.csv"
+
+
+@kiln.jit
+def f_date(x):
+    TRACE()
+    return x * START.month
+
+
+@kiln.jit
+def f_datetime(x):
+    TRACE()
+    return x * NOON.hour
+
+
+@kiln.jit
+def f_timedelta(x):
+    TRACE()
+    return x * (STEP.total_seconds() / 3600.0)
+
+
+@kiln.jit
+def f_decimal(x):
+    TRACE()
+    return x * float(RATE)
+
+
+@kiln.jit
+def f_fraction(x):
+    TRACE()
+    return x * float(SHARE)
+
+
+@kiln.jit
+def f_regex(x):
+    TRACE()
+    return x * int(PATTERN.match("layer_3").group(1))
+
+
+@kiln.jit
+def f_deque(x):
+    TRACE()
+    return x * HISTORY[-1]
+
+
+@kiln.jit
+def f_uuid(x):
+    TRACE()
+    return x * RUN.int
+
+
+@kiln.jit
+def f_path(x):
+    TRACE()
+    return x * len(DATA.suffix)
+
+
+x = jnp.float32(2.0)
+for name in [n for n in dir() if n.startswith("f_")]:
+    call(name, globals()[name], x)
+report()
+"""
+STDLIB_FUNCS = {"f_date": 2.0, "f_datetime": 24.0, "f_timedelta": 3.0, "f_decimal": 0.5,
+                "f_fraction": 0.5, "f_regex": 6.0, "f_deque": 4.0, "f_uuid": 24.0, "f_path": 8.0}
+
+
+@pytest.fixture(scope="module")
+def stdlib_runs(tmp_path_factory: pytest.TempPathFactory, xp: Any) -> dict[str, Any]:
+    """A (cold), B (unchanged), C (START and RATE changed in the file): fresh processes, one
+    store."""
+    prog = xp.Program(tmp_path_factory.mktemp("stdlib"))
+    prog.write("prog.py", STDLIB_PROG)
+    out = {"A": prog.run(), "B": prog.run()}
+    prog.edit("prog.py", "datetime.date(2024, 1, 1)", "datetime.date(2024, 3, 1)")
+    prog.edit("prog.py", 'decimal.Decimal("0.25")', 'decimal.Decimal("0.75")')
+    out["C"] = prog.run()
+    return out
+
+
+@pytest.mark.slow
+def test_stdlib_globals_warm_start_with_no_trace(stdlib_runs: dict[str, Any], xp: Any) -> None:
+    """A global holding a date, Decimal, regex, deque... read while tracing: the second process
+    loads each function from the store, with no trace and no verify path."""
+    a, b = stdlib_runs["A"], stdlib_runs["B"]
+    for name, want in STDLIB_FUNCS.items():
+        xp.assert_cold(a[name])
+        xp.assert_warm(b[name])
+        assert xp.value(a[name]) == xp.value(b[name]) == want, name
+    assert b.stats["hits"] == len(STDLIB_FUNCS) and b.stats["traces"] == 0, b.stats
+    assert b.stats["reasons"].get("verify-path", 0) == 0, b.stats["reasons"]
+
+
+@pytest.mark.slow
+def test_stdlib_global_changed_gives_the_new_value(
+    stdlib_runs: dict[str, Any], xp: Any
+) -> None:
+    """START and RATE edited between processes: those two functions trace and compile again
+    with the new values; the others still load from the store."""
+    c = stdlib_runs["C"]
+    assert xp.value(c["f_date"]) == 6.0
+    assert xp.value(c["f_decimal"]) == 1.5
+    for name in ("f_date", "f_decimal"):
+        assert c[name]["hits"] == 0 and c[name]["py_traces"] == 1, c[name]
+        assert c[name]["compiles"] == 1, c[name]
+    for name in set(STDLIB_FUNCS) - {"f_date", "f_decimal"}:
+        xp.assert_warm(c[name])
+        assert xp.value(c[name]) == STDLIB_FUNCS[name], name
 
 
 # --------------------------------------------------------------------------------------------

@@ -94,39 +94,20 @@ BUDGET_S = float(os.environ.get("KILN_HITS_BUDGET_S", "60"))
 # (what KILN_EXPLAIN=1 says): run and reported, not failed on. Being fixed: empty the dict as
 # the fixes land (the test says when an ingredient here hits everywhere).
 KNOWN_MISSES_TODAY: dict[str, str] = {
-    # -- named by the issue
-    "debug callback lambda reading a process-varying global": (
-        "jax.debug.callback(lambda v: print(PID, v), y): the lambda is walked with the function "
-        "('closest stored entry differs in: value:<pkg>.main.PID: ... -> ...')"),
     # -- found by this checker
-    "jitted bound method whose self has an unread process-varying field": (
-        "self.step = jax.jit(self._step) in __init__, self holding time.time() / uuid4 the "
-        "trace never reads: __self__ is keyed field by field ('closest stored entry differs "
-        "in: value:Trainer._step.__self__.started: ... -> ...')"),
-    "global config object with an unread process-varying field": (
-        "a global the trace names (argparse.Namespace, SimpleNamespace, a config dict, a "
-        "dataclass instance) is keyed field by field, read or not: 'closest stored entry "
-        "differs in: value:<pkg>.main.ARGS.seed: ... -> ...'"),
+    "global SimpleNamespace or dict config with an unread process-varying field": (
+        "a builtin container the trace names (SimpleNamespace, a config dict) cannot be "
+        "watched for the fields its trace reads (its class cannot be patched), so it is keyed "
+        "whole: 'closest stored entry differs in: value:<pkg>.main.CFG.run_name: ... -> ...' "
+        "(an argparse.Namespace or a dataclass instance is keyed by the fields read)"),
     "trace-time log line naming a process-varying global": (
         "logger.info('tracing in run %s', RUN_ID) inside the traced function: RUN_ID is keyed "
         "by value though the program does not depend on it ('closest stored entry differs in: "
         "value:<pkg>.main.RUN_ID: ... -> ...')"),
-    "datetime.date global read while tracing": (
-        "'taking the verify path: <pkg>.main.START: static argument ... of type datetime.date "
-        "is hashed by identity and has no canonical cross-process digest': traced and lowered "
-        "on every run"),
-    "datetime.timedelta global read while tracing": (
-        "'taking the verify path: ... of type datetime.timedelta is hashed by identity'"),
-    "decimal.Decimal global read while tracing": (
-        "'taking the verify path: ... of type decimal.Decimal is hashed by identity'"),
-    "compiled regex global read while tracing": (
-        "'taking the verify path: ... of type re.Pattern is hashed by identity'"),
-    "collections.deque global read while tracing": (
-        "'taking the verify path: ... of type collections.deque is not hashable and cannot be "
-        "hashed by value'"),
 }
 # Must-miss ingredients that hit today (a stale hit: the warm run gives the cold run's value),
 # each with its cause: run and reported, not failed on.
+_BUILTIN_CONFIG = "global SimpleNamespace or dict config with an unread process-varying field"
 KNOWN_HITS_TODAY: dict[str, str] = {
     "time.time() read while tracing": (
         "the clock is not keyed (docs/never-stale.md, 'What kiln cannot see'): the warm run "
@@ -1166,15 +1147,16 @@ def f_config(x):
 FUNCS = ["f_config"]
 """,
         {"config": Slot(tuple(
-            ing(name, text, kind="global config object with an unread process-varying field",
-                read=read)
-            for name, text, read in (
+            ing(name, text, kind=kind, read=read)
+            for name, text, read, kind in (
                 ("argparse.Namespace config with an unread seed=os.getpid()",
-                 "ARGS = argparse.Namespace(lr=0.1, seed=os.getpid())", "ARGS.lr"),
+                 "ARGS = argparse.Namespace(lr=0.1, seed=os.getpid())", "ARGS.lr", ""),
                 ("SimpleNamespace config with an unread run name from time.time()",
-                 'CFG = types.SimpleNamespace(lr=0.1, run_name=f"run-{time.time()}")', "CFG.lr"),
+                 'CFG = types.SimpleNamespace(lr=0.1, run_name=f"run-{time.time()}")', "CFG.lr",
+                 _BUILTIN_CONFIG),
                 ("config dict with an unread uuid4 entry",
-                 'CONFIG = {"lr": 0.1, "run_id": uuid.uuid4().hex}', 'CONFIG["lr"]'),
+                 'CONFIG = {"lr": 0.1, "run_id": uuid.uuid4().hex}', 'CONFIG["lr"]',
+                 _BUILTIN_CONFIG),
                 ("dataclass config instance with an unread time.time() field", """\
                     @dataclasses.dataclass
                     class RunConfig:
@@ -1183,7 +1165,7 @@ FUNCS = ["f_config"]
 
 
                     RUN = RunConfig()
-                    """, "RUN.lr"),
+                    """, "RUN.lr", ""),
             )))},
     ),
     Template(

@@ -208,3 +208,99 @@ def test_static_self_across_processes(tmp_path: Any, xp: Any) -> None:
     xp.assert_cold(run("0.5", "bias")["step"])  # another read set (use_bias reads bias)
     xp.assert_warm(run("0.5", "bias")["step"])
     xp.assert_warm(run("0.5", "plain")["step"])
+
+
+GLOBALS_PROG = '''\
+import argparse
+import dataclasses
+import sys
+import time
+import uuid
+
+import jax
+import jax.numpy as jnp
+
+import kiln
+
+lr, scale, use_bias = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "bias"
+# a config global: the trace reads lr; started and run differ in every process
+ARGS = argparse.Namespace(lr=lr, started=time.time(), run=str(uuid.uuid4()))
+
+
+@dataclasses.dataclass
+class Settings:
+    scale: float
+    use_bias: bool
+    bias: float = 1.0
+    created: float = dataclasses.field(default_factory=time.time)
+
+
+SETTINGS = Settings(scale, use_bias)
+
+
+class Trainer:
+    def __init__(self):
+        self.scale = scale
+        self.started = time.time()
+        self.step = kiln.jit(self._step)  # a jitted bound method: self is not static
+        self.step_jax = jax.jit(self._step)
+
+    def _step(self, x):
+        TRACE()
+        return x * self.scale
+
+
+def by_args(x):
+    TRACE()
+    return x * ARGS.lr
+
+
+def by_settings(x):
+    TRACE()
+    y = x * SETTINGS.scale
+    return y + SETTINGS.bias if SETTINGS.use_bias else y
+
+
+x = jnp.arange(3.0)
+for name, fn in (("args", by_args), ("settings", by_settings)):
+    call(name, kiln.jit(fn), x)
+    call(name + ":jax", jax.jit(fn), x)
+t = Trainer()
+call("method", t.step, x)
+call("method:jax", t.step_jax, x)
+report()
+'''
+
+
+@pytest.mark.slow
+def test_globals_and_a_bound_methods_self_across_processes(tmp_path: Any, xp: Any) -> None:
+    """A global config object (``argparse.Namespace``, a dataclass instance) and the ``self``
+    of a jitted bound method are keyed by the fields the trace read (issue 42): another start
+    time or run id hits; a read field changed, or another read set (``use_bias`` reads
+    ``bias``), traces again with plain jax.jit's value."""
+    prog = xp.Program(tmp_path)
+    prog.write("prog.py", GLOBALS_PROG)
+    names = ("args", "settings", "method")
+
+    def run(*args: str) -> Any:
+        r = prog.run(*args)
+        for name in names:
+            assert xp.value(r[name]) == xp.value(r[name + ":jax"]), (args, name)
+        return r
+
+    cold = run("0.5", "3.0", "plain")
+    for name in names:
+        xp.assert_cold(cold[name])
+    warm = run("0.5", "3.0", "plain")
+    for name in names:
+        xp.assert_warm(warm[name])
+    changed = run("0.25", "4.0", "plain")
+    for name in names:
+        xp.assert_cold(changed[name])
+    bias = run("0.25", "4.0", "bias")
+    xp.assert_cold(bias["settings"])  # another read set
+    xp.assert_warm(bias["args"])
+    xp.assert_warm(run("0.25", "4.0", "bias")["settings"])
+    back = run("0.5", "3.0", "plain")
+    for name in names:
+        xp.assert_warm(back[name])

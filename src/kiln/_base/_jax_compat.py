@@ -1075,6 +1075,15 @@ class _CallbackPickler(_ValuePickler):
                            f"({_type_name(obj)})")
         return pid
 
+    def reducer_override(self, obj: Any) -> Any:
+        if (isinstance(obj, types.FunctionType) and _named_global(obj) is None
+                and self._made_while_tracing(obj) and _module_of_globals(obj) is not None):
+            # bound to its module's live globals when loaded, as the cold run's function is
+            return (_live_function, (obj.__code__, _module_of_globals(obj), obj.__name__,
+                                     obj.__qualname__, obj.__defaults__, obj.__kwdefaults__,
+                                     obj.__closure__))
+        return super().reducer_override(obj)
+
     def _made_while_tracing(self, obj: Any) -> bool:
         """A function the trace made (``lambda v: log.append(v)`` in the function's body): its
         code is the walked code's own and every variable it closes over is a live cell, so a
@@ -1082,12 +1091,38 @@ class _CallbackPickler(_ValuePickler):
         if not (isinstance(obj, types.FunctionType) and obj.__code__ in self._codes
                 and all(id(c) in self._live for c in obj.__closure__ or ())):
             return False
+        if _module_of_globals(obj) is not None:
+            return True  # its globals: its module's, live (:func:`_live_function`)
         # the globals it reads travel as a copy of their bindings: only names that a program
         # does not rebind (modules, classes, functions) may be among them
         g = obj.__globals__
         return all(isinstance(g[n], types.ModuleType | type | types.FunctionType
                               | types.BuiltinFunctionType)
                    for n in _code_names(obj.__code__) if n in g)
+
+
+def _module_of_globals(fn: types.FunctionType) -> str | None:
+    """The name of the imported module whose namespace is ``fn.__globals__``, or None."""
+    name = fn.__globals__.get("__name__")
+    mod = sys.modules.get(name) if isinstance(name, str) else None
+    return name if mod is not None and vars(mod) is fn.__globals__ else None
+
+
+def _live_function(code: types.CodeType, module: str, name: str, qualname: str,
+                   defaults: Any, kwdefaults: Any, closure: Any) -> types.FunctionType:
+    """A function a cold trace made (a callback's ``lambda v: print(RUN_ID, v)``), bound to the
+    live globals of its module in this process: it reads ``RUN_ID`` when it runs, as the cold
+    run's function does (issue 42).
+
+    Raises:
+        LiveObjectMissing: the module is not imported here.
+    """
+    mod = sys.modules.get(module)
+    if mod is None:
+        raise LiveObjectMissing(f"module {module} (of a host callback) is not imported")
+    fn = types.FunctionType(code, vars(mod), name, defaults, closure)
+    fn.__qualname__, fn.__kwdefaults__ = qualname, kwdefaults
+    return fn
 
 
 class _CallbackUnpickler(_ValueUnpickler):

@@ -35,7 +35,7 @@ from ._memos import MemoWatch as MemoWatch
 from ._memos import user_memos as user_memos
 from ._recorder import TraceRecorder as TraceRecorder
 from ._static_reads import StaticReadWatch as StaticReadWatch
-from ._static_reads import watchable as watchable
+from ._watchable import watchable as watchable
 
 __all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "environment_parts",
            "Fingerprint", "fingerprint", "is_user_object", "KeyParts", "machine", "make_key",

@@ -22,11 +22,12 @@ from __future__ import annotations
 import dis
 import inspect
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
-__all__ = ["callback_roots"]
+__all__ = ["callback_only_names", "callback_roots"]
 
 _API_NAMES = frozenset({"callback", "pure_callback", "io_callback"})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_NAME", "LOAD_CLASSDEREF",
@@ -39,6 +40,9 @@ _USES = _LOADS | frozenset({"LOAD_CLOSURE", "STORE_GLOBAL", "STORE_DEREF", "STOR
                             "DELETE_NAME", "LOAD_FROM_DICT_OR_DEREF",
                             "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_FAST_LOAD_FAST"})
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+# what could move the first argument or take it without lowering the depth
+_REORDER = frozenset({"SWAP", "ROT_TWO", "ROT_THREE", "ROT_FOUR", "ROT_N", "UNPACK_SEQUENCE",
+                      "UNPACK_EX"})
 
 
 def _apis() -> tuple[Any, ...]:
@@ -110,11 +114,9 @@ def _resolve(fn: types.FunctionType, ins: dis.Instruction) -> Any:
 _MISSING = object()
 
 
-def _roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
-    code = fn.__code__
-    ins = _instructions(code)
-    candidates: dict[str, int] = {}  # name -> number of its loads that are callback roots
-    attrs: dict[str, set[str]] = {}  # name -> the attributes read off it for the callable
+def _api_calls(fn: types.FunctionType, ins: list[dis.Instruction]) -> Iterator[int]:
+    """Where the arguments of each call of a host-callback API start (after ``jax.debug.
+    callback``'s loads)."""
     i = 0
     while i < len(ins):
         op = ins[i]
@@ -130,12 +132,21 @@ def _roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
         if obj is _MISSING or not any(obj is api for api in _API_OBJECTS):
             i += 1
             continue
+        yield j
+        i = j
+
+
+def _roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
+    code = fn.__code__
+    ins = _instructions(code)
+    candidates: dict[str, int] = {}  # name -> number of its loads that are callback roots
+    attrs: dict[str, set[str]] = {}  # name -> the attributes read off it for the callable
+    for j in _api_calls(fn, ins):
         found = _first_argument_root(fn, ins, j)
         if found is not None:
             root, attr = found
             candidates[root] = candidates.get(root, 0) + 1
             attrs.setdefault(root, set()).update([attr] if attr else [])
-        i = j
     if not candidates:
         return _NONE
     uses = _uses(code)
@@ -160,25 +171,7 @@ def _first_argument_root(fn: types.FunctionType, ins: list[dis.Instruction],
     first_end = j
     if first_end + 1 < len(ins) and ins[first_end + 1].opname in _ATTRS:
         first_end += 1
-    # the stack depth over the arguments: the API call is where it drops below zero
-    depth, depths, end = 0, [], None
-    for k in range(j, len(ins)):
-        if ins[k].opcode in _JUMPS:
-            return None
-        depth += _effect(ins[k])
-        depths.append(depth)
-        if depth < 0:
-            end = k
-            break
-    if end is None:
-        return None
-    tail = end
-    while tail > j and ins[tail].opname in _CALL_TAIL:
-        tail -= 1
-    # the first argument is done at ``first_end`` (depth 1) and stays on the stack until the call
-    if depths[first_end - j] != 1 or ins[first_end].opname == "LOAD_METHOD":
-        return None
-    if any(d < 1 for d in depths[first_end - j:tail - j + 1]):
+    if ins[first_end].opname == "LOAD_METHOD" or not _whole_first_argument(ins, j, first_end):
         return None
     if first_end > j:
         obj = _resolve(fn, ins[j])
@@ -189,6 +182,81 @@ def _first_argument_root(fn: types.FunctionType, ins: list[dis.Instruction],
             return None  # a property or other descriptor runs code while tracing
         return str(name), str(attr)
     return str(name), None
+
+
+def _whole_first_argument(ins: list[dis.Instruction], j: int, first_end: int) -> bool:
+    """Whether ``ins[j:first_end + 1]`` leaves one value that is the whole first argument of
+    the call whose arguments start at ``ins[j]``: the stack depth over the arguments is 1 at
+    ``first_end``, the later arguments stay above it (depth >= 2: an instruction that took the
+    value, as ``BUILD_TUPLE`` takes a lambda's default in ``callback(lambda v, r=RUN_ID: ...)``,
+    leaves at most its one result) until the call, where the depth drops below zero."""
+    depth, depths, end = 0, [], None
+    for k in range(j, len(ins)):
+        if ins[k].opcode in _JUMPS:
+            return False
+        depth += _effect(ins[k])
+        depths.append(depth)
+        if depth < 0:
+            end = k
+            break
+    if end is None or first_end >= end:
+        return False
+    tail = end
+    while tail > j and ins[tail].opname in _CALL_TAIL:
+        tail -= 1
+    later = range(first_end + 1, tail + 1)
+    return (depths[first_end - j] == 1 and all(depths[k - j] >= 2 for k in later)
+            and not any(ins[k].opname in _REORDER for k in later))
+
+
+def callback_only_names(fn: types.FunctionType) -> frozenset[str]:
+    """The names that only functions ``fn`` makes and passes at once to a host-callback API
+    read (``jax.debug.callback(lambda v: print(RUN_ID, v), y)``: ``RUN_ID``), that ``fn``'s
+    own code and its other nested functions never name. Such a function runs when the program
+    runs, not while tracing; a warm start binds it to the module's live globals
+    (``kiln._base._jax_compat.pickle_callbacks``), so what those names hold is not part of the
+    program (issue 42: a process-varying global read there made every warm start miss)."""
+    code = fn.__code__
+    if not _API_NAMES & set(code.co_names):
+        return frozenset()
+    try:
+        ins = _instructions(code)
+        made = {c for j in _api_calls(fn, ins) if (c := _first_argument_code(ins, j))}
+    except Exception:  # noqa: BLE001 - anything unexpected: none (keyed by value)
+        return frozenset()
+    if not made:
+        return frozenset()
+    own = set(code.co_names) | set(code.co_freevars) | set(code.co_cellvars)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType) and c not in made:
+            own |= _all_names(c)
+    names: set[str] = set()
+    for c in made:
+        names |= _all_names(c)
+    return frozenset(names - own)
+
+
+_MAKE_FUNCTION = frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"})
+
+
+def _first_argument_code(ins: list[dis.Instruction], j: int) -> types.CodeType | None:
+    """The code of the function made as the whole first argument of the call whose arguments
+    start at ``ins[j]`` (``lambda v: ...``, a closure's cells its only other input: no
+    defaults), or None."""
+    k = j
+    while k < len(ins) and ins[k].opname in ("LOAD_CLOSURE", "BUILD_TUPLE"):
+        k += 1
+    if k >= len(ins) or ins[k].opname != "LOAD_CONST" or not isinstance(ins[k].argval,
+                                                                       types.CodeType):
+        return None
+    code = ins[k].argval
+    first_end = k + 1
+    while first_end < len(ins) and ins[first_end].opname in _MAKE_FUNCTION:
+        first_end += 1
+    first_end -= 1
+    if first_end == k or not _whole_first_argument(ins, j, first_end):
+        return None
+    return code
 
 
 def _uses(code: types.CodeType) -> dict[str, int]:

@@ -371,11 +371,24 @@ def library_globals(codes: Iterable[types.CodeType]) -> list[list[str]]:
         if mod is None:
             continue
         g = vars(mod)
-        names = {n for n in code_names(code)
+        named = code_names(code)
+        names = {n for n in named
                  if n in g and not (n.startswith("__") and n.endswith("__"))
                  and _plain_text(g[n]) is not None}
         if names:
             found.setdefault(mod.__name__, (mod, set()))[1].update(names)
+        top = mod.__name__.partition(".")[0]
+        for n in named:
+            # a module of the same library the code names (``settings.GAIN`` after
+            # ``from . import settings``): the plain values of its attributes the code names
+            sub = g.get(n)
+            if (isinstance(sub, types.ModuleType) and sub is not mod
+                    and sub.__name__.partition(".")[0] == top):
+                sg = vars(sub)
+                plain = {a for a in named if a in sg and not (a.startswith("__")
+                         and a.endswith("__")) and _plain_text(sg[a]) is not None}
+                if plain:
+                    found.setdefault(sub.__name__, (sub, set()))[1].update(plain)
     out = []
     for mname, (mod, names) in sorted(found.items()):
         attrs = sorted(names)

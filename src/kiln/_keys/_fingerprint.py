@@ -52,6 +52,8 @@ class Fingerprint:
         objects: every object the walk visited, in walk order: the same sequence in every
             process whose walk gives the same digest, so host callbacks can refer to the
             live objects by position (``_jax_compat.pickle_callbacks``).
+        watchable: ``(name, value)`` of the globals and bound methods' ``self`` met that can be
+            keyed by the fields their trace reads (:meth:`Walker.watched_value`).
     """
 
     digest: str
@@ -61,6 +63,7 @@ class Fingerprint:
     codes: set[types.CodeType] = field(default_factory=set)
     names: set[str] = field(default_factory=set)
     objects: list[Any] = field(default_factory=list, repr=False)
+    watchable: list[tuple[str, Any]] = field(default_factory=list, repr=False)
 
 
 def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = (),  # type: ignore[assignment]
@@ -73,6 +76,7 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = (),  
     trace read, those fields (:mod:`kiln._keys._static_reads`); others by their whole state.
     """
     w = Walker()
+    w.reads = dict(reads or {})
     try:
         w.value(getattr(fun, "__qualname__", type(fun).__qualname__), fun)
         if not isinstance(fun, types.FunctionType | functools.partial | types.MethodType):
@@ -91,4 +95,4 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = (),  
     except Exception as e:  # noqa: BLE001 - the walk never raises into the user's call
         w.unsound(walk_failure(e))
     return Fingerprint(w.digest(), w.parts, w.reason is None, w.reason, w.codes, w.names,
-                       w.keep)
+                       w.keep, w.watchable)

@@ -44,6 +44,19 @@ What "equal" means:
   A lambda, a local function or class, or any other object hashed by identity raises
   :class:`Unpersistable`; it still works as an in-process static argument (the caller falls back
   to a slower, process-local path).
+* Standard-library values by what they are, each type with its own tag (``date(2020, 1, 1)``
+  never equals a string or tuple of the same text): a ``datetime.date``, ``datetime`` or
+  ``time`` by its fields (``fold`` too) and tzinfo (none; a ``datetime.timezone`` by offset and
+  name; a ``zoneinfo.ZoneInfo`` by key, the zone's rules being the installed tz database's;
+  any other tzinfo computes offsets in its own code: :class:`Unpersistable`), so a naive and an
+  aware datetime differ; a ``timedelta`` by days, seconds and microseconds; a
+  ``decimal.Decimal`` by ``as_tuple()``, so ``Decimal("1.0")`` and ``Decimal("1.00")`` differ
+  (``str`` tells them apart), as do ``-0`` and ``0``, NaN and sNaN; a ``fractions.Fraction`` by
+  numerator and denominator; an ``re.Pattern`` by pattern (``str`` and ``bytes`` apart) and
+  flags; a ``collections.deque`` by its items in order and ``maxlen``; a ``uuid.UUID`` by its
+  128 bits; a ``pathlib`` path by class and ``str``. Only these exact types: a subclass can
+  hold more than its base shows (``pandas.Timestamp``'s nanoseconds beside a datetime's
+  fields), so it is hashed as any other object.
 * An object may define ``__kiln_digest__(self) -> bytes | str`` to supply its own canonical digest.
 
 Byte layout (what is fed to the hasher; changing it requires bumping kiln's entry format
@@ -91,6 +104,21 @@ encoding; ``digest`` is the 16 raw bytes of a nested ``xxh3_128``::
     pytree structure     b"t" + per node: b"*" leaf | b"0" None | b"N" name <aux> u64 count
                              + <child node>...
     __kiln_digest__      b"U" name + u64 + bytes
+    datetime.date        b"Sd" i64 year, month, day
+    datetime.datetime    b"St" i64 year, month, day, hour, minute, second, microsecond, fold
+                             + <tzinfo>
+    datetime.time        b"Sh" i64 hour, minute, second, microsecond, fold + <tzinfo>
+    tzinfo               None | <timezone> | <ZoneInfo>
+    datetime.timedelta   b"SD" i64 days, seconds, microseconds
+    datetime.timezone    b"Sz" <utcoffset timedelta> + str tzname
+    zoneinfo.ZoneInfo    b"SZ" str key
+    decimal.Decimal      b"S$" i64 sign + u64 n + n digits (bytes 0-9) + <exponent: int, or
+                             str "n" NaN | "N" sNaN | "F" infinity>
+    fractions.Fraction   b"Sq" <numerator int> <denominator int>
+    re.Pattern           b"Sr" <pattern str | bytes> + i64 flags
+    collections.deque    b"Sk" <maxlen None | int> + u64 count + <item>...
+    uuid.UUID            b"Su" + 16 bytes, big-endian
+    pathlib path         b"SP" str class name + str path
     keyed by code        b"C" str "type:name" (static_digest_by_code only: a name that does
                              not import back, a callable hashed by identity; its code is keyed
                              by the caller's fingerprint walk)
@@ -101,13 +129,20 @@ from __future__ import annotations
 import collections.abc
 import contextvars
 import dataclasses
+import datetime
+import decimal
 import enum
+import fractions
 import functools
 import operator
+import pathlib
+import re
 import struct
 import sys
 import types
+import uuid
 import weakref
+import zoneinfo
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
@@ -489,6 +524,133 @@ def _enc_set(tag: bytes) -> _Encoder:
 
 
 # ---------------------------------------------------------------------------------------------
+# Standard-library values, by what they are (their exact types only, in _EXACT: a subclass can
+# hold more than its base shows, as pandas.Timestamp's nanoseconds beside a datetime's fields)
+
+_pack_3q = struct.Struct("<3q").pack
+_pack_5q = struct.Struct("<5q").pack
+_pack_8q = struct.Struct("<8q").pack
+
+
+def _enc_date(h: _Hasher, v: datetime.date, argname: str, path: _Path) -> None:
+    h.update(b"Sd" + _pack_3q(v.year, v.month, v.day))
+
+
+def _enc_datetime(h: _Hasher, v: datetime.datetime, argname: str, path: _Path) -> None:
+    # fold too: it picks the offset of an ambiguous local time, though == ignores it
+    fields = (v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond, v.fold)
+    h.update(b"St" + _pack_8q(*fields))
+    _enc_tzinfo(h, v.tzinfo, argname, (path, _ATTR, "tzinfo"))
+
+
+def _enc_time(h: _Hasher, v: datetime.time, argname: str, path: _Path) -> None:
+    h.update(b"Sh" + _pack_5q(v.hour, v.minute, v.second, v.microsecond, v.fold))
+    _enc_tzinfo(h, v.tzinfo, argname, (path, _ATTR, "tzinfo"))
+
+
+def _enc_tzinfo(h: _Hasher, tz: datetime.tzinfo | None, argname: str, path: _Path) -> None:
+    """None, a fixed offset or an IANA zone by key; any other tzinfo computes offsets in its own
+    code, which has no canonical digest."""
+    if tz is None:
+        h.update(b"N")
+    elif type(tz) is datetime.timezone or type(tz) is zoneinfo.ZoneInfo:
+        _EXACT[type(tz)](h, tz, argname, path)
+    else:
+        raise Unpersistable(
+            f"{_where(argname, path)} is a tzinfo of type {_type_name(type(tz))}, which "
+            "computes offsets in its own code and has no canonical cross-process digest. Use "
+            "datetime.timezone or zoneinfo.ZoneInfo, or mark the argument as dynamic."
+        )
+
+
+def _enc_timedelta(h: _Hasher, v: datetime.timedelta, argname: str, path: _Path) -> None:
+    h.update(b"SD" + _pack_3q(v.days, v.seconds, v.microseconds))
+
+
+def _enc_timezone(h: _Hasher, v: datetime.timezone, argname: str, path: _Path) -> None:
+    # the name too (``strftime("%Z")`` shows it), though == compares offsets only
+    h.update(b"Sz")
+    _enc_timedelta(h, v.utcoffset(None), argname, path)
+    _write_str(h, v.tzname(None))
+
+
+def _enc_zoneinfo(h: _Hasher, v: zoneinfo.ZoneInfo, argname: str, path: _Path) -> None:
+    if v.key is None:  # ZoneInfo.from_file: rules from a file object, no name to key them by
+        raise Unpersistable(
+            f"{_where(argname, path)} is a zoneinfo.ZoneInfo read from a file (its key is "
+            "None), which has no canonical cross-process digest. Use ZoneInfo(key), or mark "
+            "the argument as dynamic."
+        )
+    h.update(b"SZ")
+    _write_str(h, v.key)
+
+
+def _enc_decimal(h: _Hasher, v: decimal.Decimal, argname: str, path: _Path) -> None:
+    # as_tuple, not ==: Decimal("1.0") == Decimal("1.00") but their str differ, as -0 and 0 do
+    sign, digits, exponent = v.as_tuple()
+    h.update(b"S$" + _pack_i64(sign) + _pack_q(len(digits)))
+    h.update(bytes(digits))
+    _encode(h, exponent, argname, path)  # an int, or "n" (NaN), "N" (sNaN), "F" (infinity)
+
+
+def _enc_fraction(h: _Hasher, v: fractions.Fraction, argname: str, path: _Path) -> None:
+    h.update(b"Sq")
+    _enc_int(h, v.numerator, argname, path)
+    _enc_int(h, v.denominator, argname, path)
+
+
+def _enc_pattern(h: _Hasher, v: re.Pattern[Any], argname: str, path: _Path) -> None:
+    h.update(b"Sr")
+    _encode(h, v.pattern, argname, (path, _ATTR, "pattern"))  # (str and bytes tagged apart)
+    h.update(_pack_i64(v.flags))
+
+
+def _enc_deque(h: _Hasher, v: collections.deque[Any], argname: str, path: _Path) -> None:
+    h.update(b"Sk")
+    _encode(h, v.maxlen, argname, (path, _ATTR, "maxlen"))
+    h.update(_pack_q(len(v)))
+    for i, item in enumerate(v):
+        _encode(h, item, argname, (path, _INDEX, i))
+
+
+def _enc_uuid(h: _Hasher, v: uuid.UUID, argname: str, path: _Path) -> None:
+    h.update(b"Su" + v.bytes)
+
+
+def _enc_path(h: _Hasher, v: pathlib.PurePath, argname: str, path: _Path) -> None:
+    # the class by its name alone (its module moved in 3.13): it says how the text is parsed
+    h.update(b"SP")
+    _write_str(h, type(v).__name__)
+    _write_str(h, str(v))
+
+
+# pathlib's own classes (a user's subclass may hold more than its text)
+_PATH_TYPES: tuple[type, ...] = (
+    pathlib.PurePath,
+    pathlib.PurePosixPath,
+    pathlib.PureWindowsPath,
+    pathlib.Path,
+    pathlib.PosixPath,
+    pathlib.WindowsPath,
+)
+
+_STDLIB_ENCODERS: dict[type, _Encoder] = {
+    datetime.date: _enc_date,
+    datetime.datetime: _enc_datetime,
+    datetime.time: _enc_time,
+    datetime.timedelta: _enc_timedelta,
+    datetime.timezone: _enc_timezone,
+    zoneinfo.ZoneInfo: _enc_zoneinfo,
+    decimal.Decimal: _enc_decimal,
+    fractions.Fraction: _enc_fraction,
+    re.Pattern: _enc_pattern,
+    collections.deque: _enc_deque,
+    uuid.UUID: _enc_uuid,
+    **dict.fromkeys(_PATH_TYPES, _enc_path),
+}
+
+
+# ---------------------------------------------------------------------------------------------
 # Devices and shardings, by what they mean (never by identity, nor through a Mesh's private
 # caches such as ``_flat_devices_set``, which the generic fallbacks would reach)
 
@@ -614,6 +776,7 @@ _EXACT: dict[type, _Encoder] = {
     frozenset: _enc_set(b"Z"),
     set: _enc_set(b"z"),
     **dict(_SHARDING_ENCODERS),
+    **_STDLIB_ENCODERS,
 }
 
 # Builtin bases, most specific first, for subclasses (IntEnum and friends are caught earlier).

@@ -49,7 +49,7 @@ import numpy as np
 import xxhash
 
 from .._base import StaticArgumentError, _jax_compat
-from ._callback_roots import callback_roots
+from ._callback_roots import callback_only_names, callback_roots
 from ._code import (
     code_digest,
     code_names,
@@ -72,6 +72,7 @@ from ._libraries import (
 )
 from ._reads import is_probe
 from ._rngs import global_generator_name
+from ._watchable import watchable
 
 __all__ = ["Walker", "library_config_object", "module_attr", "slots_of", "walk_failure"]
 
@@ -108,6 +109,7 @@ class Walker:
     def __init__(self) -> None:
         self.parts: list[tuple[str, str]] = []
         self.seen: set[int] = set()
+        self.first_name: dict[int, str] = {}  # the name each object was first walked by
         self.codes: set[types.CodeType] = set()
         self.reason: str | None = None
         # every object walked, in walk order (ids stay stable during the walk; host callbacks
@@ -119,6 +121,11 @@ class Walker:
         # True while walking a static argument's data (see :meth:`static_value`): what holds
         # no value Python can see is unsound there, even inside a library object
         self.strict = False
+        # objects keyed by the fields their trace read (kiln._keys._static_reads): name -> the
+        # fields (None: the whole state), and the globals and bound methods' ``self`` met
+        # that could be (see :meth:`watched_value`)
+        self.reads: dict[str, tuple[str, ...] | None] = {}
+        self.watchable: list[tuple[str, Any]] = []
 
     def finish(self) -> None:
         """Walk the attributes of every module reached (through a global, a closure, a default,
@@ -202,11 +209,16 @@ class Walker:
         if tp is types.FunctionType and is_probe(v):
             v, tp = v.__wrapped__, type(v.__wrapped__)  # os.stat, as a module imported it
         if id(v) in self.seen:
+            # met before: which object it is (the part of a function's first visit names its
+            # code, not where it is bound; without this, ``ops.transform`` and ``ops.late``
+            # swapping two functions walked to the same parts: a stale hit)
+            self.add(f"same:{name}", self.first_name.get(id(v), ""))
             return
         if len(self.parts) > _MAX_ITEMS:
             self.unsound(f"more than {_MAX_ITEMS} fingerprint parts (at {name})")
             return
         self.seen.add(id(v))
+        self.first_name[id(v)] = name
         self.keep.append(v)
         walk = _WALK_EXACT.get(tp)
         if walk is None:
@@ -239,9 +251,13 @@ class Walker:
 
     def walk_method(self, name: str, v: types.MethodType, lenient: bool) -> None:
         self.value(f"{name}.__func__", v.__func__)
-        self.value(f"{name}.__self__", v.__self__, lenient=lenient)
+        self.watched_value(f"{name}.__self__", v.__self__, lenient=lenient)
 
     def walk_function(self, name: str, v: types.FunctionType, lenient: bool) -> None:
+        # which function is bound here: its code's part is added only where the code is first
+        # met (a class's staticmethod may have met it first), so ``ops.transform`` and
+        # ``ops.late`` swapping two functions would otherwise walk to the same parts
+        self.add(f"function:{name}", f"{v.__module__}.{v.__qualname__}")
         self.function(v)
 
     def walk_class(self, name: str, v: type, lenient: bool) -> None:
@@ -601,6 +617,20 @@ class Walker:
             self.in_library -= not is_user_class(cls)
             self.strict = strict
 
+    def watched_value(self, name: str, v: Any, *, lenient: bool = False) -> None:
+        """A global the walked code names, or a bound method's ``self`` (``jax.jit(self.step)``):
+        an object that can be watched (:func:`kiln._keys._watchable.watchable`: a trainer, a
+        config ``argparse.Namespace``, a dataclass instance) is keyed by the fields its trace
+        read where ``reads`` names them (the caller watches the trace, issue 42: a run id or
+        start time it holds and never reads does not count), else by its whole state."""
+        if id(v) not in self.seen and watchable(v) and not _walked_by_kind(v):
+            self.watchable.append((name, v))
+            fields = self.reads.get(name)
+            if fields is not None:
+                self.static_fields(name, v, fields)
+                return
+        self.value(name, v, lenient=lenient)
+
     def library_state(self, name: str, v: Any) -> None:
         """A module-level object of a library that is not code (``jnp.pi``, ``os.environ``)."""
         if id(v) in self.seen:
@@ -642,6 +672,11 @@ class Walker:
                         self.function(accessor)
                 continue
             if isinstance(member, types.FunctionType):
+                if member.__qualname__ != f"{cls.__qualname__}.{attr}":
+                    # bound from elsewhere (``transform = staticmethod(host_square)``): which
+                    # one (see walk_function)
+                    self.add(f"function:{mod}.{cls.__qualname__}.{attr}",
+                             f"{member.__module__}.{member.__qualname__}")
                 self.function(member)  # every method, dunders too (__getitem__, __get__)
             elif attr == "__doc__" and isinstance(member, str):
                 # a docstring: a generated one (a dataclass's signature, flax's Module) shows
@@ -683,7 +718,8 @@ class Walker:
             iterated = iterated_set_constant(code)
             if iterated and not hash_seed_fixed():
                 self.unsound(f"{qual}: {iterated}, in an order that changes with PYTHONHASHSEED")
-            self.globals_of(code, fn.__globals__, qual, callback_roots(fn))
+            self.globals_of(code, fn.__globals__, qual, callback_roots(fn),
+                            callback_only_names(fn))
         # every function object: two closures of one factory share code, not cells
         self.cells(qual, fn)
 
@@ -770,10 +806,13 @@ class Walker:
             self.in_library -= 1
 
     def globals_of(self, code: types.CodeType, g: dict[str, Any], qual: str,
-                   roots: dict[str, frozenset[str]] | None = None) -> None:
+                   roots: dict[str, frozenset[str]] | None = None,
+                   callback_only: frozenset[str] = frozenset()) -> None:
         """The globals ``code`` names (in ``g``, else an imported user module or a builtin),
-        and the attributes it names of the user modules among them."""
-        names = code_names(code)
+        and the attributes it names of the user modules among them. ``callback_only``: names
+        that only a host callback the code makes reads when the program runs
+        (:func:`kiln._keys._callback_roots.callback_only_names`), not keyed."""
+        names = code_names(code) - callback_only
         modname = script_module(g.get("__name__", "?"))
         modules = []
         for name in sorted(names | module_strings(code)):
@@ -781,7 +820,7 @@ class Walker:
                 self.callback_target(f"{modname}.{name}", g[name], roots[name])
             elif name in g:
                 v = g[name]
-                self.value(f"{modname}.{name}", v)
+                self.watched_value(f"{modname}.{name}", v)
                 if isinstance(v, types.ModuleType) and module_is_user(v):
                     modules.append(v)
             elif name in sys.modules and module_is_user(sys.modules[name]):
@@ -812,7 +851,7 @@ class Walker:
             for attr in sorted(names):
                 found, v = module_attr(mod, attr, True)
                 if found:
-                    self.value(f"{mod.__name__}.{attr}", v)
+                    self.watched_value(f"{mod.__name__}.{attr}", v)
                     if isinstance(v, types.ModuleType) and module_is_user(v):
                         modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
 
@@ -941,6 +980,22 @@ def _sentinel_name(g: dict[str, Any], v: object) -> str | None:
 # those, and the rest (cache directories, which kiln itself sets, logging, ...) builds no
 # program; kiln's own holds its store settings.
 _CONFIG_KEYED_ELSEWHERE = frozenset({"jax", "jaxlib", "kiln"})
+
+
+def _walked_by_kind(v: Any) -> bool:
+    """An object the walk keys by what kind of thing it is rather than field by field (a
+    logger by its settings, not the level cache it fills as it logs; a mapping; a pytree node
+    by its children; a wrapper or custom-derivative function by what it wraps): not watched
+    for the fields a trace reads (:meth:`Walker.watched_value`)."""
+    if isinstance(v, logging.Logger | logging.LoggerAdapter | logging.Handler
+                  | collections.abc.Mapping) or hasattr(v, "__wrapped__"):
+        return True
+    try:
+        _, treedef = jax.tree_util.tree_flatten(v, is_leaf=lambda n: n is not v)
+        data = treedef.node_data()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not a pytree for the walk either
+        return False
+    return data is not None and data[1] is not v
 
 
 def _is_lock(cls: type) -> bool:

@@ -111,16 +111,26 @@ class CallKeys:
             donated=request.donated, filter_jit=options.filter_jit,
         )
         reads: dict[str, tuple[str, ...] | None] = {name: None for name, _ in watched}
+        asked = hint is not None and bool(watched)
         found = hint(parts) if hint is not None and watched else None
-        for name in reads:
-            fields = (found or {}).get(name)
-            if isinstance(fields, list | tuple) and all(isinstance(f, str) for f in fields):
-                reads[name] = tuple(sorted(set(fields)))
+        _take_reads(reads, found)
         fun = request.fun
         t0 = time.perf_counter()
         # a function whose arrays are a hidden first argument (filter_jit of a Module: its
         # leaves and structure are keyed as an argument's) counts by its class's code
-        fp = fingerprint(type(fun) if options.traced_fun else fun, extra=extra, reads=reads)
+        walked = type(fun) if options.traced_fun else fun
+        fp = fingerprint(walked, extra=extra, reads=reads)
+        if fp.watchable:
+            # globals and a bound method's ``self`` that the walk met: keyed by the fields
+            # their trace read where the record names them (walked again with those)
+            if hint is not None and not asked:
+                found = hint(parts)
+            more: dict[str, tuple[str, ...] | None] = {n: None for n, _ in fp.watchable}
+            _take_reads(more, found)
+            watched += [(n, v) for n, v in fp.watchable if n not in reads]
+            reads = {**more, **reads}
+            if any(f is not None for f in more.values()):
+                fp = fingerprint(walked, extra=extra, reads=reads)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
         if not fp.sound and unsound is None:
             unsound = fp.reason
@@ -145,3 +155,12 @@ class CallKeys:
         """The key of the verify path: by the digest of the lowered module, or of the inlined
         one for an entry of tier-up's form (that form holds the noinline functions' code too)."""
         return self.parts.key("lowered-inlined" if inlined else "lowered", digest)
+
+
+def _take_reads(reads: dict[str, tuple[str, ...] | None], found: dict[str, Any] | None) -> None:
+    """Fill ``reads`` (name -> None) with the field names a ``static-reads`` record holds for
+    each name (anything else in it is ignored: a record is a hint, never trusted)."""
+    for name in reads:
+        fields = (found or {}).get(name)
+        if isinstance(fields, list | tuple) and all(isinstance(f, str) for f in fields):
+            reads[name] = tuple(sorted(set(fields)))
