@@ -567,3 +567,36 @@ def test_swapping_which_function_two_names_bind_changes_the_key(
     monkeypatch.setattr(me, "transform", _host_square)
     monkeypatch.setattr(me, "late", _host_cube)
     assert fingerprint(f).digest == before
+
+
+class _Plugin:
+    SCALE = 1.0
+
+
+class _Double(_Plugin):
+    SCALE = 2.0
+
+
+def test_code_that_walks_subclasses_keys_the_subclass_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plugins found by ``cls.__subclasses__()`` (no name reaches them): a subclass added, or a
+    class attribute of one changed, is another key (issue 43 item 3); code that does not walk
+    subclasses is not keyed by them."""
+
+    def total(x):
+        return sum(c.SCALE for c in _Plugin.__subclasses__()) * x
+
+    def plain(x):
+        return _Plugin.SCALE * x
+
+    before, plain_before = fingerprint(total).digest, fingerprint(plain).digest
+    monkeypatch.setattr(_Double, "SCALE", 3.0)
+    assert fingerprint(total).digest != before
+    monkeypatch.setattr(_Double, "SCALE", 2.0)
+    assert fingerprint(total).digest == before
+
+    class _Triple(_Plugin):  # added (kept alive until the end of the test)
+        SCALE = 3.0
+
+    assert fingerprint(total).digest != before
+    assert fingerprint(plain).digest == plain_before
+    del _Triple

@@ -102,15 +102,7 @@ SOLOS_PER_ROUND = 2  # programs with process-wide state edited per round, a proc
 # rules, frompyfunc, flax config, SQLite, threads, path checks and reinstalls were stale before
 # the round-5 fixes). A stale entry stays stale until an edit makes its program miss, so every
 # kind of a program with a stale kind is listed: each such program has only those.
-KNOWN_STALE_TODAY: set[str] = {
-    # subclasses found by walking Plugin.__subclasses__() (no name reaches them): an added or
-    # removed subclass, or a class attribute of one, keys nothing (issue 43 item 3; being fixed)
-    "subclass_walk_added_removed",
-    "subclass_walk_class_attribute",
-    "subclass_walk_class_attribute_own_method",
-    "subclass_walk_other_module_added_removed",
-    "subclass_walk_other_module_class_attribute",
-}
+KNOWN_STALE_TODAY: set[str] = set()
 
 FLOATS = ("0.5", "1.5", "2.0", "3.0", "-1.0", "0.25", "4.0", "-2.5")
 OPERATORS = ("+", "-", "*")

@@ -110,6 +110,7 @@ class Walker:
         self.parts: list[tuple[str, str]] = []
         self.seen: set[int] = set()
         self.first_name: dict[int, str] = {}  # the name each object was first walked by
+        self.classes: list[type] = []  # the user classes walked (see finish: subclasses)
         self.codes: set[types.CodeType] = set()
         self.reason: str | None = None
         # every object walked, in walk order (ids stay stable during the walk; host callbacks
@@ -133,9 +134,26 @@ class Walker:
         and ``jnp.tanh`` (a library name a patch may have replaced). Repeats until no new
         module or name appears."""
         done: set[tuple[str, str]] = set()
+        subclassed: set[type] = set()
         changed = True
         while changed:
             changed = False
+            if "__subclasses__" in self.names:
+                # code that walks a class's subclasses (plugins found that way, issue 43): the
+                # subclass tree of every user class walked, each subclass by its code
+                for cls in list(self.classes):
+                    if cls in subclassed:
+                        continue
+                    subclassed.add(cls)
+                    changed = True
+                    subs = _subclasses(cls)
+                    qual = f"{script_module(cls.__module__)}.{cls.__qualname__}"
+                    self.add(f"subclasses:{qual}", ",".join(
+                        f"{c.__module__}.{c.__qualname__}" for c in subs))
+                    for sub in subs:
+                        if id(sub) not in self.seen:
+                            self.seen.add(id(sub))
+                            self.klass(sub)
             for mod in list(self.modules):
                 user = module_is_user(mod)
                 for attr in sorted(self.names):
@@ -659,6 +677,7 @@ class Walker:
             self.add(f"lib:{mod}.{cls.__qualname__}", library_version(mod))
             return
         self.add(f"class:{mod}.{cls.__qualname__}", cls.__qualname__)
+        self.classes.append(cls)
         for base in (*cls.__mro__[1:], type(cls)):  # bases and the metaclass
             if base not in (object, type) and id(base) not in self.seen:
                 self.seen.add(id(base))
@@ -980,6 +999,14 @@ def _sentinel_name(g: dict[str, Any], v: object) -> str | None:
 # those, and the rest (cache directories, which kiln itself sets, logging, ...) builds no
 # program; kiln's own holds its store settings.
 _CONFIG_KEYED_ELSEWHERE = frozenset({"jax", "jaxlib", "kiln"})
+
+
+def _subclasses(cls: type) -> list[type]:
+    """The live subclasses of ``cls`` (``type.__subclasses__``), in their creation order."""
+    try:
+        return list(type.__subclasses__(cls))
+    except TypeError:
+        return []
 
 
 def _walked_by_kind(v: Any) -> bool:
