@@ -600,3 +600,29 @@ def test_code_that_walks_subclasses_keys_the_subclass_tree(monkeypatch: pytest.M
     assert fingerprint(total).digest != before
     assert fingerprint(plain).digest == plain_before
     del _Triple
+
+
+class _ArrayKey:  # as mujoco.mjx's _NumPyArrayHashWrapper: slots, a hash key holding a dtype
+    __slots__ = ("_hash_key", "array")
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self._hash_key = (int(arr.sum()), arr.dtype, arr.shape)
+        self.array = arr
+
+
+_MANY_KEYS = tuple(_ArrayKey(np.full(2, i, np.float32)) for i in range(300))
+
+
+def test_a_value_met_again_costs_no_part_but_a_function_does() -> None:
+    """One dtype object in 300 static fields (an MJX model's pytree aux) is walked once: a
+    repeat costs no part, so the walk stays under its limit of 5000 parts (mjx_humanoid went to
+    the verify path in CI); a function met again still does (which name binds it counts)."""
+
+    def f(x):
+        return x + len(_MANY_KEYS)
+
+    fp = fingerprint(f)
+    assert fp.sound, fp.reason
+    same = [k for k, _ in fp.parts if k.startswith("same:")]
+    assert not any("_hash_key" in k for k in same), same[:5]
+    assert len(fp.parts) < 5000

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -90,6 +91,11 @@ def test_watchable() -> None:
     assert watchable(Trainer(0.5))
     for v in (Slotted(), (1, 2), {"a": 1}, np.float32(1), len, Trainer, threading.Lock()):
         assert not watchable(v), v
+    # digested by meaning: a used mesh's caches (``_name_to_type``, filled by a shard_map's
+    # trace) are not fields to watch; a global mesh was traced again on every warm start
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("u",))
+    assert not watchable(mesh) and not watchable(jax.devices()[0])
+    assert not watchable(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
 
 def test_an_unread_field_is_not_in_the_key_and_a_read_one_is(kiln_store: Any) -> None:

@@ -153,7 +153,13 @@ import xxhash
 from .._base import StaticArgumentError
 from ._libraries import is_user_class
 
-__all__ = ["Unpersistable", "array_digest", "static_digest", "static_digest_by_code"]
+__all__ = [
+    "Unpersistable",
+    "array_digest",
+    "digested_by_meaning",
+    "static_digest",
+    "static_digest_by_code",
+]
 
 
 class Unpersistable(Exception):
@@ -793,6 +799,13 @@ _BUILTIN_BASES: tuple[type, ...] = (
     frozenset,
     set,
 )  # (dict subclasses are mappings: _enc_mapping)
+
+
+def digested_by_meaning(v: Any) -> bool:
+    """Whether :func:`static_digest` digests ``v`` by what it means through an encoder of its
+    own (a ``Mesh``, ``NamedSharding``, ``Device``, a stdlib value): its private caches (a used
+    mesh's ``_name_to_type``) never count, so it is never keyed field by field."""
+    return type(v) in _EXACT or isinstance(v, _SHARDING_TYPES)
 
 
 def _encode(h: _Hasher, v: Any, argname: str, path: _Path) -> None:

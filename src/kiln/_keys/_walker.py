@@ -229,8 +229,11 @@ class Walker:
         if id(v) in self.seen:
             # met before: which object it is (the part of a function's first visit names its
             # code, not where it is bound; without this, ``ops.transform`` and ``ops.late``
-            # swapping two functions walked to the same parts: a stale hit)
-            self.add(f"same:{name}", self.first_name.get(id(v), ""))
+            # swapping two functions walked to the same parts: a stale hit). Only for code:
+            # a value is keyed by its content under its first name, and a repeated dtype in
+            # an MJX model's 209 static fields would cost a part each
+            if callable(v) or isinstance(v, types.ModuleType):
+                self.add(f"same:{name}", self.first_name.get(id(v), ""))
             return
         if len(self.parts) > _MAX_ITEMS:
             self.unsound(f"more than {_MAX_ITEMS} fingerprint parts (at {name})")

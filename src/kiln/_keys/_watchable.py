@@ -8,6 +8,8 @@ import sys
 import types
 from typing import Any
 
+from ._hashing import digested_by_meaning
+
 __all__ = ["watchable"]
 
 
@@ -15,9 +17,10 @@ def watchable(v: Any) -> bool:
     """Whether static value ``v`` can be keyed by the fields its trace reads: an instance of a
     class defined in Python source (user or library) whose whole state is its ``__dict__`` (no
     slots, no builtin base but ``object``, no ``__kiln_digest__`` of its own saying what it is,
-    not an enum, a function, a class or a module)."""
+    not an enum, a function, a class or a module, nor a value :mod:`kiln._keys._hashing` digests
+    by meaning, such as a ``jax.sharding.Mesh`` whose caches a trace fills)."""
     cls = type(v)
-    if isinstance(v, type | types.FunctionType | types.MethodType | types.ModuleType
+    if digested_by_meaning(v) or isinstance(v, type | types.FunctionType | types.MethodType | types.ModuleType
                   | functools.partial | enum.Enum) or getattr(cls, "__kiln_digest__", None):
         return False
     if not isinstance(getattr(v, "__dict__", None), dict):
