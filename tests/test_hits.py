@@ -93,21 +93,9 @@ BUDGET_S = float(os.environ.get("KILN_HITS_BUDGET_S", "60"))
 # Ingredients (kinds) whose calls miss on an unchanged second run today, each with its cause
 # (what KILN_EXPLAIN=1 says): run and reported, not failed on. Being fixed: empty the dict as
 # the fixes land (the test says when an ingredient here hits everywhere).
-KNOWN_MISSES_TODAY: dict[str, str] = {
-    # -- found by this checker
-    "global SimpleNamespace or dict config with an unread process-varying field": (
-        "a builtin container the trace names (SimpleNamespace, a config dict) cannot be "
-        "watched for the fields its trace reads (its class cannot be patched), so it is keyed "
-        "whole: 'closest stored entry differs in: value:<pkg>.main.CFG.run_name: ... -> ...' "
-        "(an argparse.Namespace or a dataclass instance is keyed by the fields read)"),
-    "trace-time log line naming a process-varying global": (
-        "logger.info('tracing in run %s', RUN_ID) inside the traced function: RUN_ID is keyed "
-        "by value though the program does not depend on it ('closest stored entry differs in: "
-        "value:<pkg>.main.RUN_ID: ... -> ...')"),
-}
+KNOWN_MISSES_TODAY: dict[str, str] = {}
 # Must-miss ingredients that hit today (a stale hit: the warm run gives the cold run's value),
 # each with its cause: run and reported, not failed on.
-_BUILTIN_CONFIG = "global SimpleNamespace or dict config with an unread process-varying field"
 KNOWN_HITS_TODAY: dict[str, str] = {
     "time.time() read while tracing": (
         "the clock is not keyed (docs/never-stale.md, 'What kiln cannot see'): the warm run "
@@ -1013,7 +1001,7 @@ FUNCS = ["f_baked", "f_neighbour"]
         uses={"f_baked": ("baked",), "f_neighbour": ()},
         fixed={"f_neighbour": ("stable neighbour of a must-miss function",)},
     ),
-    # ---- gaps named by the issue (KNOWN_MISSES_TODAY), one program each
+    # ---- gaps named by the issue (fixed), one program each
     Template(
         "static_unread_field",
         HEAD + """\
@@ -1124,7 +1112,7 @@ FUNCS = ["f_callback"]
             ing("jax.debug.print", 'jax.debug.print("hc debug y={y}", y=y)'),
         ))},
     ),
-    # ---- found by this checker (KNOWN_MISSES_TODAY)
+    # ---- found by this checker (misses fixed in issue 42)
     Template(
         "global_config",
         HEAD + """\
@@ -1153,10 +1141,10 @@ FUNCS = ["f_config"]
                  "ARGS = argparse.Namespace(lr=0.1, seed=os.getpid())", "ARGS.lr", ""),
                 ("SimpleNamespace config with an unread run name from time.time()",
                  'CFG = types.SimpleNamespace(lr=0.1, run_name=f"run-{time.time()}")', "CFG.lr",
-                 _BUILTIN_CONFIG),
+                 ""),
                 ("config dict with an unread uuid4 entry",
                  'CONFIG = {"lr": 0.1, "run_id": uuid.uuid4().hex}', 'CONFIG["lr"]',
-                 _BUILTIN_CONFIG),
+                 ""),
                 ("dataclass config instance with an unread time.time() field", """\
                     @dataclasses.dataclass
                     class RunConfig:

@@ -507,6 +507,78 @@ CORPUS: list[Template] = [
         },
     ),
     Template(
+        "config_fields",
+        {
+            "__init__.py": "",
+            "settings.py": """\
+                import types
+
+                NS = types.SimpleNamespace(scale=$ns_scale, depth=$ns_depth, unread=$ns_unread)
+                OPTS = {"shift": $opt_shift, "act": "$opt_act", "unread": $opt_unread}
+                LABEL = "$label"
+                """,
+            "helpers.py": """\
+                from .settings import NS, OPTS
+
+
+                def depth():
+                    return NS.depth
+
+
+                def everything():  # the whole namespace: read by name, not by field
+                    return sum(v for v in vars(NS).values() if isinstance(v, float))
+
+
+                def shift():
+                    return OPTS.get("shift", 0.0)
+                """,
+            "main.py": """\
+                import logging
+
+                import jax.numpy as jnp
+                import numpy as np
+
+                from . import helpers, settings
+                from .settings import LABEL, NS, OPTS
+
+                logger = logging.getLogger(__name__)
+                ARG = np.array([0.5, 1.25, -2.0], dtype=np.float32)
+
+
+                def f_fields(x):
+                    logger.info("tracing f_fields in %s", LABEL)
+                    for _ in range(helpers.depth()):
+                        x = x * NS.scale
+                    return x + helpers.shift()
+
+
+                def f_opts(x):
+                    return getattr(jnp, OPTS["act"])(x) * settings.NS.scale
+
+
+                def f_whole(x):
+                    return x * helpers.everything()
+
+
+                def f_label(x):
+                    logger.info("label %s", LABEL)
+                    return x * (2.0 if LABEL.startswith("a") else 3.0)
+
+
+                FUNCS = ["f_fields", "f_opts", "f_whole", "f_label"]
+                """,
+        },
+        {
+            "ns_scale": Site("namespace_field_read"),
+            "ns_depth": Site("namespace_field_int", ("0", "1", "2")),
+            "ns_unread": Site("namespace_field_read_by_vars"),
+            "opt_shift": Site("config_dict_get"),
+            "opt_act": Site("config_dict_name", ("sin", "tanh", "cos", "abs")),
+            "opt_unread": Site("config_dict_unread"),
+            "label": Site("logged_global_also_read", ("alpha", "beta", "apex", "gamma")),
+        },
+    ),
+    Template(
         "config_dict",
         {
             "__init__.py": "",

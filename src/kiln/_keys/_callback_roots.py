@@ -19,15 +19,17 @@ is keyed by value, as before.
 
 from __future__ import annotations
 
+import builtins
 import dis
 import inspect
+import logging
 import types
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 
-__all__ = ["callback_only_names", "callback_roots"]
+__all__ = ["callback_only_names", "callback_roots", "log_only_names"]
 
 _API_NAMES = frozenset({"callback", "pure_callback", "io_callback"})
 _LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_NAME", "LOAD_CLASSDEREF",
@@ -273,3 +275,95 @@ def _all_names(code: types.CodeType) -> set[str]:
         if isinstance(c, types.CodeType):
             names |= _all_names(c)
     return names
+
+
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical",
+                          "log", "fatal"})
+_log_cache: dict[tuple[types.CodeType, int], frozenset[str]] = {}
+
+
+def log_only_names(fn: types.FunctionType) -> frozenset[str]:
+    """The globals whose every load in ``fn``'s code (none in its nested code) is a whole
+    argument of a log line or a ``print`` (``logger.info("tracing in run %s", RUN_ID)``,
+    ``logging.warning(...)``, ``print("run", RUN_ID)``): written while tracing, they are not
+    part of the program, and a warm start, which does not trace, writes no such line (a
+    documented difference, docs/never-stale.md). Keying them made every warm start miss when
+    the name held a run id (issue 42). An argument that is computed (``str(RUN_ID)``,
+    ``RUN_ID.upper()``) or a value used anywhere else keeps the name keyed."""
+    code = fn.__code__
+    if not (_LOG_METHODS | {"print"}) & set(code.co_names):
+        return frozenset()
+    key = (code, id(fn.__globals__))
+    got = _log_cache.get(key)
+    if got is None:
+        try:
+            got = _log_only(fn)
+        except Exception:  # noqa: BLE001 - anything unexpected: none (keyed by value)
+            got = frozenset()
+        if len(_log_cache) > 4096:
+            _log_cache.clear()
+        _log_cache[key] = got
+    return got
+
+
+def _log_only(fn: types.FunctionType) -> frozenset[str]:
+    code = fn.__code__
+    ins = _instructions(code)
+    counts: dict[str, int] = {}
+    for j in _log_calls(fn, ins):
+        for name in _bare_global_arguments(ins, j):
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return frozenset()
+    uses = _uses(code)
+    nested: set[str] = set()
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            nested |= _all_names(c)
+    return frozenset(n for n, k in counts.items() if uses.get(n, 0) == k and n not in nested)
+
+
+def _log_calls(fn: types.FunctionType, ins: list[dis.Instruction]) -> Iterator[int]:
+    """Where the arguments of each call of a logger's (or ``logging``'s) log method or of the
+    builtin ``print`` start."""
+    for i, op in enumerate(ins):
+        if op.opname != "LOAD_GLOBAL":
+            continue
+        obj = _resolve(fn, op)
+        if obj is _MISSING and op.argval == "print":
+            obj = builtins.print
+        if obj is builtins.print:
+            yield i + 1
+        elif (i + 1 < len(ins) and ins[i + 1].opname in _ATTRS
+              and ins[i + 1].argval in _LOG_METHODS
+              and (obj is logging or isinstance(obj, logging.Logger | logging.LoggerAdapter))):
+            yield i + 2
+
+
+def _bare_global_arguments(ins: list[dis.Instruction], j: int) -> list[str]:
+    """The globals loaded as a whole argument (nothing done to the value until the call) of
+    the call whose arguments start at ``ins[j]``."""
+    depth, depths, end = 0, [], None
+    for k in range(j, len(ins)):
+        if ins[k].opcode in _JUMPS or ins[k].opname in _REORDER:
+            return []
+        depth += _effect(ins[k])
+        depths.append(depth)
+        if depth < 0:
+            end = k
+            break
+    if end is None:
+        return []
+    tail = end - 1  # the last instruction before this call's own tail (not a nested call's)
+    while tail >= j and ins[tail].opname in ("PRECALL", "KW_NAMES"):
+        tail -= 1
+    out = []
+    for p in range(j, tail + 1):
+        op = ins[p]
+        if op.opname != "LOAD_GLOBAL" or op.argrepr.startswith("NULL"):
+            continue
+        before = depths[p - j - 1] if p > j else 0
+        if depths[p - j] == before + 1 and all(depths[k - j] >= before + 2
+                                               for k in range(p + 1, tail + 1)):
+            out.append(str(op.argval))
+    return out

@@ -49,7 +49,7 @@ import numpy as np
 import xxhash
 
 from .._base import StaticArgumentError, _jax_compat
-from ._callback_roots import callback_only_names, callback_roots
+from ._callback_roots import callback_only_names, callback_roots, log_only_names
 from ._code import (
     code_digest,
     code_names,
@@ -60,6 +60,7 @@ from ._code import (
     order_is_stable,
     relative_imports,
 )
+from ._constant_fields import constant_fields
 from ._hashing import Unpersistable, static_digest
 from ._libraries import (
     KILN_ROOT,
@@ -127,6 +128,9 @@ class Walker:
         # that could be (see :meth:`watched_value`)
         self.reads: dict[str, tuple[str, ...] | None] = {}
         self.watchable: list[tuple[str, Any]] = []
+        # global SimpleNamespace / dict configs keyed by the constant fields the walked code
+        # reads (:meth:`config_global`), by name
+        self.configs: dict[str, _Config] = {}
 
     def finish(self) -> None:
         """Walk the attributes of every module reached (through a global, a closure, a default,
@@ -168,8 +172,11 @@ class Walker:
                         # library state (os.environ, jax.config, a registry): by value when it
                         # has one, else by the library's version (docs/never-stale.md)
                         self.library_state(f"{mod.__name__}.{attr}", v)
+                    elif user and _is_config(v) and id(v) not in self.seen:
+                        self.config_global(f"{mod.__name__}.{attr}", attr, v)
                     else:
                         self.value(f"{mod.__name__}.{attr}", v, lenient=not user)
+            changed |= self.key_configs()
         for top in sorted({n[4:].partition(".")[0] for n, _ in self.parts
                            if n.startswith("lib:")}):
             self.library_config(top)
@@ -652,6 +659,39 @@ class Walker:
                 return
         self.value(name, v, lenient=lenient)
 
+    def config_global(self, name: str, gname: str, v: Any) -> None:
+        """A global ``types.SimpleNamespace`` or ``dict`` (``CFG.lr``, ``CONFIG["lr"]``):
+        keyed by the fields that the walked code reads by constant name, or whole where some
+        use is not such a read (:func:`kiln._keys._constant_fields.constant_fields`), once the
+        walk knows all the code (:meth:`key_configs`, from :meth:`finish`). A builtin class
+        cannot be watched as :meth:`watched_value` watches a trainer, and a run name it holds
+        and the program never reads made every warm start miss (issue 42). Not marked seen:
+        met again another way (a static argument, a closure), it is walked whole there."""
+        if name not in self.configs:
+            self.configs[name] = _Config(gname, v, isinstance(v, dict))
+            self.keep.append(v)
+            self.add(f"config:{name}", type(v).__name__)
+
+    def key_configs(self) -> bool:
+        """Key the fields of each :meth:`config_global` read by the code walked so far (or
+        the whole container); True when that added something."""
+        changed = False
+        for name, c in self.configs.items():
+            if c.whole:
+                continue
+            fields = constant_fields(self.codes, c.gname, mapping=c.mapping)
+            if fields is None:
+                c.whole, changed = True, True
+                self.add(f"config-whole:{name}", "")
+                self.value(name, c.v)
+                continue
+            state = c.v if c.mapping else vars(c.v)
+            for f in sorted(fields - c.fields):
+                c.fields.add(f)
+                changed = True
+                self.value(f"{name}.{f}", state.get(f, _MISSING))
+        return changed
+
     def library_state(self, name: str, v: Any) -> None:
         """A module-level object of a library that is not code (``jnp.pi``, ``os.environ``)."""
         if id(v) in self.seen:
@@ -741,7 +781,7 @@ class Walker:
             if iterated and not hash_seed_fixed():
                 self.unsound(f"{qual}: {iterated}, in an order that changes with PYTHONHASHSEED")
             self.globals_of(code, fn.__globals__, qual, callback_roots(fn),
-                            callback_only_names(fn))
+                            callback_only_names(fn) | log_only_names(fn))
         # every function object: two closures of one factory share code, not cells
         self.cells(qual, fn)
 
@@ -842,6 +882,9 @@ class Walker:
                 self.callback_target(f"{modname}.{name}", g[name], roots[name])
             elif name in g:
                 v = g[name]
+                if _is_config(v) and id(v) not in self.seen:
+                    self.config_global(f"{modname}.{name}", name, v)
+                    continue
                 self.watched_value(f"{modname}.{name}", v)
                 if isinstance(v, types.ModuleType) and module_is_user(v):
                     modules.append(v)
@@ -872,10 +915,29 @@ class Walker:
             done.add(mod.__name__)
             for attr in sorted(names):
                 found, v = module_attr(mod, attr, True)
-                if found:
+                if found and _is_config(v) and id(v) not in self.seen:
+                    self.config_global(f"{mod.__name__}.{attr}", attr, v)
+                elif found:
                     self.watched_value(f"{mod.__name__}.{attr}", v)
                     if isinstance(v, types.ModuleType) and module_is_user(v):
                         modules.append(v)  # ``import pkg.sub`` then ``pkg.sub.CONST``
+
+
+def _is_config(v: Any) -> bool:
+    """A global config container: exactly a ``types.SimpleNamespace`` or a ``dict``."""
+    return type(v) in (types.SimpleNamespace, dict)
+
+
+@dataclasses.dataclass
+class _Config:
+    """A global config container met by :meth:`Walker.config_global`: the global's name in
+    code, the container, whether it is a mapping, the fields keyed so far, keyed whole."""
+
+    gname: str
+    v: Any
+    mapping: bool
+    fields: set[str] = dataclasses.field(default_factory=set)
+    whole: bool = False
 
 
 _Walk = Callable[[Walker, str, Any, bool], None]

@@ -20,8 +20,9 @@ def watchable(v: Any) -> bool:
     not an enum, a function, a class or a module, nor a value :mod:`kiln._keys._hashing` digests
     by meaning, such as a ``jax.sharding.Mesh`` whose caches a trace fills)."""
     cls = type(v)
-    if digested_by_meaning(v) or isinstance(v, type | types.FunctionType | types.MethodType | types.ModuleType
-                  | functools.partial | enum.Enum) or getattr(cls, "__kiln_digest__", None):
+    if digested_by_meaning(v) or isinstance(
+            v, type | types.FunctionType | types.MethodType | types.ModuleType
+            | functools.partial | enum.Enum) or getattr(cls, "__kiln_digest__", None):
         return False
     if not isinstance(getattr(v, "__dict__", None), dict):
         return False
