@@ -2,9 +2,10 @@
 processes, warm, in three modes:
 
 - ``jax cache``: JAX's own persistent cache in a directory (min compile time 0, any entry size);
-- ``kiln run``: ``python -m kiln run SCRIPT``, JAX's cache routed into kiln's store (trace and
-  lower every run, skip the compile);
-- ``kiln run --jit``: every ``jax.jit`` outside JAX a ``kiln.jit`` (the jax.jit swap).
+- ``kiln run``: ``python -m kiln run --no-jit SCRIPT``, JAX's cache routed into kiln's store
+  alone (trace and lower every run, skip the compile);
+- ``kiln run --jit``: every ``jax.jit`` outside JAX a ``kiln.jit`` (the jax.jit swap; ``kiln
+  run``'s default since issue 43).
 
 Run from the repository root:
 
@@ -45,7 +46,7 @@ def measure(name: str, reps: int, tmp: Path) -> dict[str, Any]:
                                   "KILN_PROGRESS": "0"},
     }
     argvs = {"jax cache": [str(script), *argv],
-             "kiln run": ["-m", "kiln", "run", str(script), *argv],
+             "kiln run": ["-m", "kiln", "run", "--no-jit", str(script), *argv],
              "kiln run --jit": ["-m", "kiln", "run", "--jit", str(script), *argv]}
     cold = {m: _run(argvs[m], envs[m], tmp) for m in MODES}
     warm: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}

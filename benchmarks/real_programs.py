@@ -15,10 +15,11 @@ that applies to the program), each once cold (its own empty store or cache), the
   persistent cache in a directory (minimum compile time 0, any entry size, as JAX's docs
   suggest for this comparison);
 - ``run`` (``kiln run cold`` / ``kiln run warm``): the plain program under ``python -m kiln
-  run``: JAX's cache routed into kiln's store (the route today: trace and lower every run,
-  skip the compile);
+  run --no-jit``: JAX's cache routed into kiln's store alone (trace and lower every run, skip
+  the compile);
 - ``run-jit`` (``kiln run --jit cold`` / ``kiln run --jit warm``): the plain program under
-  ``python -m kiln run --jit``: every ``jax.jit`` outside JAX itself a ``kiln.jit``.
+  ``python -m kiln run --jit`` (``kiln run``'s default since issue 43): every ``jax.jit``
+  outside JAX itself a ``kiln.jit``.
 
 Warm runs come in ``--reps`` rounds of every mode, interleaved (the order rotates each round).
 Figures per run, in seconds: ``wall``, the whole process (interpreter start and exit
@@ -169,7 +170,7 @@ def measure(name: str, reps: int, tmp: Path,
         "run-jit": plain | {"KILN_CACHE_DIR": str(tmp / f"{name}-swap"), "KILN_PROGRESS": "0"},
     }
     argvs = {"jax": [str(script), *jax_argv],
-             "run": ["-m", "kiln", "run", str(script), *jax_argv],
+             "run": ["-m", "kiln", "run", "--no-jit", str(script), *jax_argv],
              "run-jit": ["-m", "kiln", "run", "--jit", str(script), *jax_argv]}
     if kiln_variant is not None:
         kiln_argv, kiln_env = kiln_variant

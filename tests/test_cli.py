@@ -577,8 +577,9 @@ FAKE_EXAMPLE = textwrap.dedent(
     import json, os, sys
 
     jit = sys.argv[sys.argv.index("--jit") + 1]
+    how = "run" if "kiln" in sys.modules else jit  # under kiln run (kiln imported first)
     with open(os.environ["FAKE_LOG"], "a") as f:
-        f.write(json.dumps({"jit": jit, "env": {k: os.environ.get(k) for k in (
+        f.write(json.dumps({"jit": how, "env": {k: os.environ.get(k) for k in (
             "KILN_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "JAX_ENABLE_COMPILATION_CACHE",
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")}}) + "\\n")
@@ -595,6 +596,8 @@ DEMO_ROWS = [
     "jax.jit",
     "jax.jit + JAX persistent cache, cold",
     "jax.jit + JAX persistent cache, warm",
+    "kiln run (jax.jit code unchanged), cold",
+    "kiln run (jax.jit code unchanged), warm",
 ]
 
 
@@ -618,7 +621,8 @@ def test_demo_rows_and_environments(
     assert data["identical_params"] is True
     assert (data["rounds"], data["warm_up_runs"]) == (3, 1)
     assert [r["mode"] for r in data["rows"]] == DEMO_ROWS
-    assert [r["runs"] for r in data["rows"]] == [3] * 5
+    assert [r["runs"] for r in data["rows"]] == [3] * 7
+    plain_wall = data["rows"][2]["process_wall_s"]
     for r in data["rows"]:
         assert r["params"] == {"a": 0.55, "b": 0.028, "c": 0.84, "d": 0.026}
         assert r["loss"] == 0.01
@@ -626,6 +630,9 @@ def test_demo_rows_and_environments(
         assert len(r["times_s"]) == 3
         assert r["min_s"] <= r["time_to_first_result_s"] <= r["max_s"]
         expected = 0.5 if r["jit"] == "kiln" else 1.0
+        if r["jit"] == "run":  # of the wall: kiln run imports jax before the script starts
+            assert r["ratio_of"] == "process_wall_s"
+            expected = r["process_wall_s"] / plain_wall
         assert r["ratio_to_jax_jit"] == pytest.approx(expected)
         assert r["speedup_vs_jax_jit"] == pytest.approx(1 / expected)
     assert err.splitlines()[0] == "kiln demo: warm-up (untimed: imports, disk cache) ... done"
@@ -635,13 +642,17 @@ def test_demo_rows_and_environments(
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     warm_up, timed = runs[0], runs[1:]
     assert warm_up["jit"] == "kiln"
-    assert len(timed) == 3 * 5
-    rounds = [timed[i:i + 5] for i in range(0, 15, 5)]
+    assert len(timed) == 3 * 7
+    rounds = [timed[i:i + 7] for i in range(0, 21, 7)]
     cached: dict[str, set[str]] = {"KILN_CACHE_DIR": set(), "JAX_COMPILATION_CACHE_DIR": set()}
     for r, one in enumerate(rounds):
         kiln_runs = [x["env"] for x in one if x["jit"] == "kiln"]
         jax_runs = [x["env"] for x in one if x["jit"] == "jax"]
-        assert len(kiln_runs) == 2 and len(jax_runs) == 3
+        run_runs = [x["env"] for x in one if x["jit"] == "run"]
+        assert len(kiln_runs) == 2 and len(jax_runs) == 3 and len(run_runs) == 2
+        # kiln run cold, then warm, on a store of their own
+        assert len({e["KILN_CACHE_DIR"] for e in run_runs}) == 1
+        assert run_runs[0]["KILN_CACHE_DIR"] != kiln_runs[0]["KILN_CACHE_DIR"]
         # kiln cold, then kiln warm on the store the cold run filled: one store a round
         assert len({e["KILN_CACHE_DIR"] for e in kiln_runs}) == 1
         cached["KILN_CACHE_DIR"].add(kiln_runs[0]["KILN_CACHE_DIR"])
@@ -676,8 +687,8 @@ def test_demo_default_rounds(
     assert code == 0
     data = json.loads(out)
     assert data["rounds"] == _demo.DEFAULT_ROUNDS >= 3
-    assert [r["runs"] for r in data["rows"]] == [_demo.DEFAULT_ROUNDS] * 5
-    assert len(log.read_text().splitlines()) == 1 + 5 * _demo.DEFAULT_ROUNDS
+    assert [r["runs"] for r in data["rows"]] == [_demo.DEFAULT_ROUNDS] * 7
+    assert len(log.read_text().splitlines()) == 1 + 7 * _demo.DEFAULT_ROUNDS
 
 
 def test_demo_runs_must_be_positive(
@@ -696,9 +707,13 @@ def test_demo_table(fake_example: tuple[Path, Path], capsys: pytest.CaptureFixtu
     assert "median of 2 interleaved rounds" in out
     for label in DEMO_ROWS:
         row = next(line for line in out.splitlines() if line.startswith(f"│ {label} "))
-        time_s = "1.50" if label.startswith("kiln") else "3.00"
+        decorated = label.startswith("kiln,")
+        time_s = "1.50" if decorated else "3.00"
         assert f"{time_s}-{time_s}" in row  # min-max
-        assert ("0.50x" if label.startswith("kiln") else "1.00x") in row
+        if label.startswith("kiln run"):
+            assert "x (wall)" in row
+        else:
+            assert ("0.50x" if decorated else "1.00x") in row
     assert out.splitlines()[-1] == (
         "fitted parameters identical in every row: 0.55 / 0.028 / 0.84 / 0.026"
     )
@@ -712,14 +727,11 @@ def test_demo_mismatching_params_fail(
     monkeypatch.setenv("FAKE_A_jax", "0.56")
     code, out, err = _run(["demo", "--script", str(script)], capsys)
     assert code == 1
-    assert out.splitlines()[-1] == (
-        "fitted parameters DIFFER from the first row in: jax.jit, "
-        "jax.jit + JAX persistent cache, cold, jax.jit + JAX persistent cache, warm"
-    )
-    assert err.splitlines()[-1] == (
-        "error: fitted parameters differ between rows: jax.jit, "
-        "jax.jit + JAX persistent cache, cold, jax.jit + JAX persistent cache, warm"
-    )
+    differ = ("jax.jit, jax.jit + JAX persistent cache, cold, jax.jit + JAX persistent cache, "
+              "warm, kiln run (jax.jit code unchanged), cold, kiln run (jax.jit code unchanged), "
+              "warm")
+    assert out.splitlines()[-1] == f"fitted parameters DIFFER from the first row in: {differ}"
+    assert err.splitlines()[-1] == f"error: fitted parameters differ between rows: {differ}"
 
 
 def test_demo_script_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

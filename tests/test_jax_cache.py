@@ -88,7 +88,9 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[dict, str]:
 def _kiln_run(tmp_path: Path, store: Path, **extra: str) -> tuple[dict, str]:
     script = tmp_path / "plain.py"
     script.write_text(SCRIPT)
-    return _run([sys.executable, "-m", "kiln", "run", str(script)], tmp_path, _env(store, **extra))
+    # --no-jit: the route alone (kiln run's default also makes every jax.jit a kiln.jit)
+    return _run([sys.executable, "-m", "kiln", "run", "--no-jit", str(script)], tmp_path,
+                _env(store, **extra))
 
 
 def _jax_entries(store: Path) -> dict[str, dict]:

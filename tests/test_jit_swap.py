@@ -441,9 +441,10 @@ print("RESULT " + json.dumps({"argv": sys.argv[1:], "name": __name__, "out": out
 '''
 
 
-def _kiln_run(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _kiln_run(cwd: Path, *args: str,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = child_env(KILN_CACHE_DIR=str(cwd / "store"), KILN_JAX_CACHE="0", JAX_PLATFORMS="cpu",
-                    PYTHONDONTWRITEBYTECODE="1")
+                    PYTHONDONTWRITEBYTECODE="1", **(env or {}))
     return run_child([sys.executable, "-m", "kiln", "run", *args], cwd=cwd, env=env, timeout=300)
 
 
@@ -460,15 +461,23 @@ def test_kiln_run_m_runs_a_module_with_its_arguments(tmp_path):
     (tmp_path / "pkg" / "train.py").write_text(MODULE)
     (tmp_path / "pkg" / "__main__.py").write_text("from pkg import train\n")
 
-    cold = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", "--steps", "3", "-x"))
+    # the swap is kiln run's default (issue 43); --jit says so explicitly
+    cold = _result(_kiln_run(tmp_path, "-m", "pkg.train", "--steps", "3", "-x"))
     assert cold == {"argv": ["--steps", "3", "-x"], "name": "__main__", "out": [0.0, 2.0, 4.0],
                     "type": "SwappedJit", "traces": 1, "hits": 0}
     warm = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", "a"))
     assert warm == {**cold, "argv": ["a"], "traces": 0, "hits": 1}
-    # without --jit: jax.jit as JAX defines it; a package runs its __main__
-    plain = _result(_kiln_run(tmp_path, "-m", "pkg"))
+    # --no-jit (or KILN_REPLACE_JIT=0): jax.jit as JAX defines it; a package runs its __main__;
+    # an option after the module is the module's
+    plain = _result(_kiln_run(tmp_path, "--no-jit", "-m", "pkg"))
     assert (plain["type"], plain["out"], plain["name"]) == ("PjitFunction", [0.0, 2.0, 4.0],
                                                             "pkg.train")
+    off = _result(_kiln_run(tmp_path, "-m", "pkg.train", "--no-jit", env={"KILN_REPLACE_JIT": "0"}))
+    assert (off["type"], off["argv"]) == ("PjitFunction", ["--no-jit"])
+    on = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", env={"KILN_REPLACE_JIT": "0"}))
+    assert (on["type"], on["hits"]) == ("SwappedJit", 1)  # the flag wins over the environment
+    both = _kiln_run(tmp_path, "--jit", "--no-jit", "-m", "pkg.train")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
     missing = _kiln_run(tmp_path, "-m", "no_such_module")
     assert missing.returncode == 1 and "error: No module named 'no_such_module'" in missing.stderr
@@ -525,9 +534,36 @@ def _pytest(tmp_path: Path, *flags: str, **env_extra: str) -> tuple[int, int, in
 
 @pytest.mark.slow
 def test_pytest_kiln_jit_second_run_traces_nothing(tmp_path):
-    assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (0, 3, 3)
+    assert _pytest(tmp_path, "--kiln") == (0, 3, 3)  # the swap: --kiln's default (issue 43)
     assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (3, 0, 0)
     assert _pytest(tmp_path, KILN_PYTEST_JIT="1") == (3, 0, 0)
+    assert _pytest(tmp_path, KILN_PYTEST="1") == (3, 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("off", [("--kiln", "--kiln-no-jit"), ("--kiln", "KILN_PYTEST_JIT=0"),
+                                 ("--kiln", "KILN_REPLACE_JIT=0")])
+def test_pytest_kiln_without_the_swap(tmp_path, off):
+    """``--kiln-no-jit`` (``KILN_PYTEST_JIT=0``, ``KILN_REPLACE_JIT=0``): the route alone, every
+    jax.jit JAX's own (no kiln.jit line in the summary, JAX's cache line only)."""
+    (tmp_path / "test_suite.py").write_text(textwrap.dedent(SUITE))
+    flags = [f for f in off if f.startswith("-")]
+    extra = dict(f.split("=") for f in off if "=" in f)
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                    PYTHONDONTWRITEBYTECODE="1", **extra)
+    proc = run_child(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py",
+         *flags], cwd=tmp_path, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kiln.jit hits" not in proc.stdout and "kiln: JAX cache hits" in proc.stdout
+
+
+def test_pytest_kiln_jit_and_kiln_no_jit_together_is_a_usage_error(tmp_path):
+    (tmp_path / "test_suite.py").write_text("def test_nothing():\n    pass\n")
+    proc = run_child([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      "test_suite.py", "--kiln-jit", "--kiln-no-jit"], cwd=tmp_path,
+                     env=child_env(KILN_CACHE_DIR=str(tmp_path / "store")), timeout=300)
+    assert proc.returncode == 4 and "--kiln-jit and --kiln-no-jit" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -54,13 +54,14 @@ def _pytest(tmp_path, *flags, **env_extra):
 
 @pytest.mark.slow
 def test_second_run_under_kiln_compiles_nothing(tmp_path):
-    cold, out = _pytest(tmp_path, "--kiln")
+    # the route alone (--kiln-no-jit): every jax.jit JAX's, its compiles through JAX's cache
+    cold, out = _pytest(tmp_path, "--kiln", "--kiln-no-jit")
     assert cold["compiles"] >= 2
     hits, misses, written = map(int, re.search(
         r"kiln: JAX cache hits (\d+), misses (\d+), written (\d+)", out).groups())
     assert (hits, misses, written) == (0, cold["compiles"], cold["compiles"])
 
-    warm, out = _pytest(tmp_path, "--kiln")
+    warm, out = _pytest(tmp_path, "--kiln", "--kiln-no-jit")
     assert warm["compiles"] == 0
     hits, misses, written, lowered = map(int, re.search(
         r"kiln: JAX cache hits (\d+), misses (\d+), written (\d+); JAX lowered (\d+) "
@@ -68,8 +69,8 @@ def test_second_run_under_kiln_compiles_nothing(tmp_path):
     assert (hits, misses, written) == (cold["compiles"], 0, 0)
     assert lowered == hits  # JAX lowers each of its programs before its cache looks it up
 
-    # KILN_PYTEST=1 turns it on as --kiln does
-    env_on, out = _pytest(tmp_path, KILN_PYTEST="1")
+    # KILN_PYTEST=1 turns it on as --kiln does (KILN_PYTEST_JIT=0: as --kiln-no-jit)
+    env_on, out = _pytest(tmp_path, KILN_PYTEST="1", KILN_PYTEST_JIT="0")
     assert env_on["compiles"] == 0 and "kiln: JAX cache hits" in out
 
 

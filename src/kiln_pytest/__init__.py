@@ -1,6 +1,7 @@
 """kiln's pytest plugin: ``pytest --kiln`` runs a test suite with JAX's own persistent
-compilation cache routed into kiln's store (:func:`kiln.enable_jax_cache`), so the second run
-of a JAX project's tests loads the executables the first one compiled.
+compilation cache routed into kiln's store (:func:`kiln.enable_jax_cache`) and every
+``jax.jit`` a ``kiln.jit`` (below), so the second run of a JAX project's tests loads the
+executables the first one compiled.
 
 Registered through the ``pytest11`` entry point ``kiln`` (``-p no:kiln`` disables it). Without
 ``--kiln`` (or ``KILN_PYTEST=1``) it does nothing and imports nothing: this module lives outside
@@ -11,12 +12,15 @@ tests compile, in the pytest process and in any worker (pytest-xdist) that loads
 jax 0.10, programs with host callbacks (``jax.debug.print``, ``io_callback``) are compiled again;
 jax 0.11 and later cache those too.
 
-``--kiln-jit`` (or ``KILN_PYTEST_JIT=1``; implies ``--kiln``) also makes every ``jax.jit`` made
-outside JAX itself a ``kiln.jit`` (:func:`kiln.replace_jax_jit`, from before the test modules
-are imported), so the second run skips tracing and lowering too; the summary then gives
-kiln.jit's hits, misses and traces. Trace-time side effects (a test counting how often its
-function is traced) differ on a warm run: leave such a function to jax.jit with
-``kiln.keep_jax_jit`` or ``KILN_JIT_EXCLUDE``.
+``--kiln`` also makes every ``jax.jit`` made outside JAX itself a ``kiln.jit``
+(:func:`kiln.replace_jax_jit`, from before the test modules are imported; the default since
+issue 43, as ``kiln run``), so the second run skips tracing and lowering too; the summary then
+gives kiln.jit's hits, misses and traces. ``--kiln-no-jit`` (or ``KILN_PYTEST_JIT=0``, or
+``KILN_REPLACE_JIT=0``) leaves ``jax.jit`` alone: JAX's cache routed into the store only.
+``--kiln-jit`` (``KILN_PYTEST_JIT=1``) says the default explicitly and implies ``--kiln``.
+Trace-time side effects (a test counting how often its function is traced) differ on a warm
+run: leave such a function to jax.jit with ``kiln.keep_jax_jit`` or ``KILN_JIT_EXCLUDE``, or
+run the suite with ``--kiln-no-jit``.
 
 The summary's JAX cache line also gives the programs JAX lowered itself and the seconds that
 took (``kiln.stats().jax_lowerings`` / ``jax_lower_seconds``): what a warm run still pays,
@@ -46,8 +50,14 @@ def pytest_addoption(parser: Any) -> None:
     )
     group.addoption(
         "--kiln-jit", action="store_true", default=False,
-        help="also make every jax.jit outside JAX itself a kiln.jit (kiln.replace_jax_jit), so "
-        "a second run skips tracing and lowering too; implies --kiln; also KILN_PYTEST_JIT=1",
+        help="every jax.jit outside JAX itself a kiln.jit (kiln.replace_jax_jit), so a second "
+        "run skips tracing and lowering too: the default of --kiln; implies --kiln; also "
+        "KILN_PYTEST_JIT=1",
+    )
+    group.addoption(
+        "--kiln-no-jit", action="store_true", default=False,
+        help="leave jax.jit alone under --kiln: JAX's cache routed into kiln's store only (a "
+        "second run still traces and lowers); also KILN_PYTEST_JIT=0 or KILN_REPLACE_JIT=0",
     )
 
 
@@ -55,18 +65,26 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def _env_flag(name: str) -> bool:
+def _env_flag(name: str) -> bool | None:
+    """``name`` as a flag; None where it is unset or empty."""
     raw = os.environ.get(name, "").strip().lower()
     if raw not in _TRUE + _FALSE:
         raise pytest.UsageError(
             f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
-    return raw in _TRUE
+    return None if not raw else raw in _TRUE
 
 
 def _wanted(config: Any) -> tuple[bool, bool]:
-    """(the route, the jax.jit swap)"""
-    swap = bool(config.getoption("kiln_jit")) or _env_flag("KILN_PYTEST_JIT")
-    return bool(config.getoption("kiln")) or _env_flag("KILN_PYTEST") or swap, swap
+    """(the route, the jax.jit swap): the swap comes with the route unless ``--kiln-no-jit``,
+    ``KILN_PYTEST_JIT=0`` or ``KILN_REPLACE_JIT=0`` (without ``--kiln-jit``) says not."""
+    asked = bool(config.getoption("kiln_jit")) or bool(_env_flag("KILN_PYTEST_JIT"))
+    if config.getoption("kiln_no_jit") and asked:
+        raise pytest.UsageError("--kiln-jit and --kiln-no-jit (or KILN_PYTEST_JIT=1) together: "
+                                "give one")
+    route = bool(config.getoption("kiln")) or bool(_env_flag("KILN_PYTEST")) or asked
+    off = (config.getoption("kiln_no_jit") or _env_flag("KILN_PYTEST_JIT") is False
+           or (_env_flag("KILN_REPLACE_JIT") is False and not asked))
+    return route, route and not off
 
 
 def pytest_configure(config: Any) -> None:

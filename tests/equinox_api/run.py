@@ -5,7 +5,7 @@ equinox source, at the tag of the installed equinox, into a folder of their own,
 ``tests/test_jit.py`` three times:
 
 1. **plain**: ``python -m pytest tests/test_jit.py`` (equinox on JAX's own ``jax.jit``);
-2. **cold**: ``python -m kiln run --jit -m pytest tests/test_jit.py`` on an empty store
+2. **cold**: ``python -m kiln run -m pytest tests/test_jit.py`` (the swap: kiln run's default) on an empty store
    (``KILN_CACHE_DIR``): every ``jax.jit`` outside JAX itself, the one inside equinox's
    ``filter_jit`` included, is a ``kiln.jit``;
 3. **warm**: the same command again, on the store the cold run filled.
@@ -112,7 +112,7 @@ def run(kind: str, folder: Path, store: Path) -> dict[str, Any]:
     """One run of ``tests/test_jit.py`` in ``folder`` (``kind``: plain, cold or warm): its
     outcome per test."""
     xml = folder / f"{kind}-{store.name}.xml"
-    head = ("-m", "kiln", "run", "--jit") if kind != "plain" else ()
+    head = ("-m", "kiln", "run") if kind != "plain" else ()
     proc = children.run_child([sys.executable, *head, *PYTEST, f"--junitxml={xml}"],
                               cwd=folder, env=_env(store), timeout=1800)
     if not xml.exists():

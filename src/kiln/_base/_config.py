@@ -82,8 +82,9 @@ class Config:
             ``jax_compilation_cache_dir`` the user set. Default on.
         replace_jit: the jax.jit swap (:func:`kiln.replace_jax_jit`) from ``import kiln`` on:
             every ``jax.jit`` made afterwards outside JAX itself (the program's code, the
-            libraries it imports) is a :func:`kiln.jit`; ``kiln run --jit`` and
-            ``pytest --kiln-jit`` turn it on too. Default off.
+            libraries it imports) is a :func:`kiln.jit`. Default off in a plain ``python``
+            process; ``kiln run`` and ``pytest --kiln`` turn it on unless it is set to 0
+            (``KILN_REPLACE_JIT=0``) or ``--no-jit`` / ``--kiln-no-jit`` is given.
         jit_exclude: what the swap leaves to ``jax.jit`` (``KILN_JIT_EXCLUDE``: comma-separated):
             a module prefix (``mylib``: functions of ``mylib`` and ``mylib.*``, and
             ``jax.jit`` calls made there) or ``module:qualname`` (that function, and the

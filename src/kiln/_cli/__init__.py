@@ -2,7 +2,7 @@
 
 Verbs::
 
-    kiln run [--explain] [--verify] [--store URL] SCRIPT [ARGS...]
+    kiln run [--explain] [--verify] [--no-jit] [--store URL] SCRIPT [ARGS...]
     kiln ls [--json]                      one row per entry (headers only, no payload read)
     kiln stats [--json]                   entry count, bytes, per-function counts
     kiln verify [--json] [--delete-bad]   decode every entry and check its digest / signature

@@ -30,23 +30,27 @@ __all__ = ["register"]
 #: What the demo program imports beyond kiln's own dependencies (the ``examples`` extra).
 _DEMO_NEEDS = ("equinox", "diffrax", "optimistix")
 
-#: Rounds by default: one round (five fresh processes) takes about 22 s on 2 CPU cores, so the
-#: demo with its warm-up takes 70-80 s there.
+#: Rounds by default: one round (seven fresh processes) takes about 30 s on 2 CPU cores, so the
+#: demo with its warm-up takes 100-110 s there.
 DEFAULT_ROUNDS = 3
 
 # the rows, in the table's order: (label, jit mode, caches). Every round runs each row once,
 # in a fresh process: "kiln" on a new empty store (the cold row fills it, the warm row reads
-# it), "plain" with no cache, "jaxcache" with JAX's persistent cache in a new empty directory.
+# it), "plain" with no cache, "jaxcache" with JAX's persistent cache in a new empty directory,
+# "run": the unchanged jax.jit program under ``kiln run`` (every jax.jit a kiln.jit, its
+# default) on a new empty store of its own.
 _PLAN = (
     ("kiln, cold (empty store)", "kiln", "kiln"),
     ("kiln, warm", "kiln", "kiln"),
     ("jax.jit", "jax", "plain"),
     ("jax.jit + JAX persistent cache, cold", "jax", "jaxcache"),
     ("jax.jit + JAX persistent cache, warm", "jax", "jaxcache"),
+    ("kiln run (jax.jit code unchanged), cold", "run", "run"),
+    ("kiln run (jax.jit code unchanged), warm", "run", "run"),
 )
 # the rows a round runs back to back (a warm row right after the cold row that filled its
-# cache); round r starts at group r mod 3, so no row always runs first or after the same row
-_GROUPS = ((0, 1), (2,), (3, 4))
+# cache); round r starts at group r mod 4, so no row always runs first or after the same row
+_GROUPS = ((0, 1), (2,), (3, 4), (5, 6))
 _BASELINE = 2  # the row every other is compared with: plain jax.jit
 
 
@@ -57,7 +61,8 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
         help="time the Lotka-Volterra fit: kiln cold / warm vs jax.jit, each a fresh process",
         description="Run the Lotka-Volterra fit shipped with kiln (kiln_demo/lotka_volterra.py; "
         "needs the examples extra) in fresh processes: kiln with an empty store, kiln warm, "
-        "plain jax.jit, and jax.jit with JAX's persistent cache, cold and warm. After one "
+        "plain jax.jit, jax.jit with JAX's persistent cache, cold and warm, and the unchanged "
+        "jax.jit program under kiln run, cold and warm. After one "
         "untimed warm-up process, N rounds run every row once each (interleaved; new empty "
         "caches every round); print each row's time to first result (median and min-max over "
         "the rounds, and the ratio to plain jax.jit) and check that all fitted the same "
@@ -129,9 +134,11 @@ def _time_rounds(
         _progress(" done")
         for r in range(rounds):
             store = os.path.join(tmp, f"store-{r}")
+            run_store = os.path.join(tmp, f"run-store-{r}")
             jax_cache = os.path.join(tmp, f"jax-cache-{r}")
             envs = {
                 "kiln": _demo_env(KILN_CACHE_DIR=store),
+                "run": _demo_env(KILN_CACHE_DIR=run_store, KILN_PROGRESS="0"),
                 "plain": _demo_env(),
                 "jaxcache": _demo_env(
                     JAX_ENABLE_COMPILATION_CACHE="true",
@@ -149,14 +156,16 @@ def _time_rounds(
                     _progress(f" {float(res['time_to_first_result_s']):.2f} s to first result")
                     times[i].append(res)
                     params.append((label, res.get("params")))
-            for d in (store, jax_cache):
+            for d in (store, run_store, jax_cache):
                 shutil.rmtree(d, ignore_errors=True)
     return times, params
 
 
 def _rows(times: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per :data:`_PLAN` entry from its runs: median and min-max of the time to first
-    result, median process wall time, and the ratio of its median to plain ``jax.jit``'s."""
+    result, median process wall time, and the ratio of its median to plain ``jax.jit``'s: of
+    the process wall time for the ``kiln run`` rows (``ratio_of``), whose time to first result
+    leaves out ``import jax``, which ``kiln run`` does before the script starts."""
     rows: list[dict[str, Any]] = []
     for (label, jit, _), results in zip(_PLAN, times, strict=True):
         ttfr = [float(r["time_to_first_result_s"]) for r in results]
@@ -172,19 +181,23 @@ def _rows(times: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             "params": results[0].get("params"),
             "loss": results[0].get("loss"),
         })
-    base = rows[_BASELINE]["time_to_first_result_s"]
     for row in rows:
-        t = row["time_to_first_result_s"]
+        of = "process_wall_s" if row["jit"] == "run" else "time_to_first_result_s"
+        base, t = rows[_BASELINE][of], row[of]
+        row["ratio_of"] = of
         row["ratio_to_jax_jit"] = t / base if base > 0 else None
         row["speedup_vs_jax_jit"] = base / t if t > 0 else None
     return rows
 
 
 def _run_example(script: Path, jit: str, env: dict[str, str]) -> dict[str, Any]:
-    """Run ``script --jit JIT`` in a fresh process; its last stdout line is one JSON object."""
+    """Run ``script --jit JIT`` in a fresh process (``run``: ``kiln run script --jit jax``);
+    its last stdout line is one JSON object."""
+    argv = ([sys.executable, "-m", "kiln", "run", str(script), "--jit", "jax"] if jit == "run"
+            else [sys.executable, str(script), "--jit", jit])
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, str(script), "--jit", jit],
+        argv,
         env=env, capture_output=True, text=True, check=False,
     )
     wall = time.perf_counter() - t0
@@ -252,7 +265,8 @@ class _Timed:
                else "one round (one sample per row: noisy)"),
             caption="after one untimed warm-up process; each round runs every row once, on new "
             "empty caches; wall: the whole process (median); vs jax.jit: this row's median / "
-            "plain jax.jit's",
+            "plain jax.jit's (kiln run rows: of the wall, since kiln run imports jax before the "
+            "script starts its clock)",
         )
         table.add_column("mode", no_wrap=True)
         table.add_column("median (s)", justify="right")
@@ -268,7 +282,8 @@ class _Timed:
                 f"{r['time_to_first_result_s']:.2f}",
                 f"{r['min_s']:.2f}-{r['max_s']:.2f}",
                 f"{r['process_wall_s']:.2f}",
-                "-" if ratio is None else f"{ratio:.2f}x",
+                "-" if ratio is None else f"{ratio:.2f}x" + (
+                    " (wall)" if r["ratio_of"] == "process_wall_s" else ""),
                 _params_text(r["params"]),
                 f"{r['loss']:.6g}" if isinstance(r["loss"], float) else str(r["loss"]),
             )

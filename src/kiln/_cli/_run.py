@@ -1,6 +1,8 @@
 """``kiln run``: a Python script (or ``-m module``, as ``python -m``) run with kiln, and a
-summary of hits, misses, traces and compiles on stderr at exit; ``--jit``: every ``jax.jit`` a
-``kiln.jit`` (:func:`kiln.replace_jax_jit`)."""
+summary of hits, misses, traces and compiles on stderr at exit. By default every ``jax.jit``
+made outside JAX itself is a ``kiln.jit`` (:func:`kiln.replace_jax_jit`, the zero-change mode);
+``--no-jit`` or ``KILN_REPLACE_JIT=0`` leaves ``jax.jit`` alone (JAX's cache routed into the
+store only)."""
 
 from __future__ import annotations
 
@@ -38,19 +40,24 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
         "JAX's own persistent cache is routed into kiln's store (kiln://), so code that calls "
         "jax.jit itself, unchanged, skips its compiles on a second run (KILN_JAX_CACHE=0 "
         "turns that off; a jax_compilation_cache_dir you set is left alone). "
-        "With --jit (or KILN_REPLACE_JIT=1), every jax.jit made outside JAX itself, in the "
-        "script and in the libraries it imports, is a kiln.jit: a second run skips tracing "
-        "and lowering too (kiln.replace_jax_jit; KILN_JIT_EXCLUDE leaves modules or "
-        "functions to jax.jit). Exits with the script's status.",
-        usage="kiln run [-h] [--explain] [--verify] [--jit] (SCRIPT | -m MODULE) [ARGS ...]",
+        "Every jax.jit made outside JAX itself, in the script and in the libraries it "
+        "imports, is a kiln.jit: a second run skips tracing and lowering too "
+        "(kiln.replace_jax_jit; KILN_JIT_EXCLUDE leaves modules or functions to jax.jit; "
+        "--no-jit or KILN_REPLACE_JIT=0 leaves every jax.jit alone). Exits with the "
+        "script's status.",
+        usage="kiln run [-h] [--explain] [--verify] [--no-jit] (SCRIPT | -m MODULE) [ARGS ...]",
     )
     run.add_argument("--explain", action="store_true",
                      help="log why each miss happened (kiln.configure(explain=True)) to stderr")
     run.add_argument("--verify", action="store_true",
                      help="audit mode: re-trace every warm hit and compare with the stored module")
-    run.add_argument("--jit", action="store_true",
+    jit = run.add_mutually_exclusive_group()
+    jit.add_argument("--jit", action="store_true",
                      help="every jax.jit outside JAX itself is a kiln.jit (kiln.replace_jax_jit)"
-                     ": a warm start skips tracing and lowering too")
+                     ": a warm start skips tracing and lowering too; the default")
+    jit.add_argument("--no-jit", action="store_true",
+                     help="leave jax.jit alone: only JAX's persistent cache is routed into the "
+                     "store (a warm start still traces and lowers); also KILN_REPLACE_JIT=0")
     run.add_argument("-m", dest="module", metavar="MODULE", nargs=argparse.REMAINDER,
                      help="run library module MODULE as __main__, as python -m (the rest of the "
                      "command line is its arguments)")
@@ -96,7 +103,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # unchanged jax.jit code too: JAX's own cache reads and writes the store (kiln://)
         _jax_cache.enable_jax_cache()
     swapped = False
-    if args.jit or _config.get_config().replace_jit:
+    if _swap_wanted(args):
         # before the script's imports: their jax.jit calls (and from jax import jit) see it
         swapped = _swap.replace_jax_jit()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
@@ -120,6 +127,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         note(_format_summary(_stats_delta(before, _stats.stats())))
+
+
+def _swap_wanted(args: argparse.Namespace) -> bool:
+    """Whether ``kiln run`` swaps ``jax.jit``: yes (the default, issue 43) unless ``--no-jit``,
+    or ``KILN_REPLACE_JIT`` set to a false value (0, false, no, off) without ``--jit``."""
+    if args.no_jit:
+        return False
+    if args.jit or not os.environ.get("KILN_REPLACE_JIT", "").strip():
+        return True
+    return _config.get_config().replace_jit
 
 
 def _run_module(module: str) -> int:

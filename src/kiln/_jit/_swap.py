@@ -1,7 +1,8 @@
 """The jax.jit swap: every ``jax.jit`` made outside JAX itself is a :func:`kiln.jit`.
 
-Turned on by :func:`replace_jax_jit` (``kiln run --jit``, ``pytest --kiln --kiln-jit``,
-``KILN_REPLACE_JIT=1`` from ``import kiln`` on), it sets the ``jax`` module's ``jit`` attribute
+Turned on by :func:`replace_jax_jit` (``kiln run`` and ``pytest --kiln`` by default, unless
+``--no-jit`` / ``--kiln-no-jit`` or ``KILN_REPLACE_JIT=0``; ``KILN_REPLACE_JIT=1`` from
+``import kiln`` on in any process), it sets the ``jax`` module's ``jit`` attribute
 to :func:`swapped_jit`, so ``jax.jit(f)``, ``@jax.jit``, ``@jax.jit(static_argnums=...)``,
 ``functools.partial(jax.jit, ...)`` and a ``from jax import jit`` run after it, in the
 program's code and in the libraries it imports (flax, optax, equinox's ``filter_jit``), make a
