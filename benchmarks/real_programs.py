@@ -94,6 +94,9 @@ PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]] | None,
     "blackjax_nuts": (LIB / "blackjax_nuts.py", None, ([], {}), "jax, blackjax, sklearn.datasets"),
     "haiku_digits": (LIB / "haiku_digits.py", None, ([], {}),
                      "jax, haiku, optax, sklearn.datasets"),
+    # a library's object as static self of its jitted methods (issue 42)
+    "gymnax_cartpole": (LIB / "gymnax_cartpole.py", None, ([], {}), "jax, gymnax"),
+    "evosax_snes": (LIB / "evosax_snes.py", None, ([], {}), "jax, evosax.algorithms"),
     # (these two have a jit of the user's own: EXAMPLE_JIT=kiln makes it kiln.jit)
     "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),
                       "jax, jax_md"),

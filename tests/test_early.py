@@ -117,6 +117,21 @@ def test_kiln_early_is_kiln_s_code_not_the_program_s() -> None:
     # its marker check can run inside a trace (a kiln.noinline function made while tracing):
     # a stat of kiln's own, never an input of the program (Python 3.12 keyed it and missed)
     import kiln_early
+    import kiln_jax_plugin
     from kiln._keys._libraries import is_user_file
 
     assert not is_user_file(kiln_early.__file__)
+    assert not is_user_file(kiln_jax_plugin.__file__)
+
+
+def test_jax_finds_kiln_s_plugin_through_its_entry_point() -> None:
+    """The installed ``jax_plugins`` entry point ``kiln`` names the module whose initialize
+    JAX calls (``kiln_jax_plugin``, apart from ``kiln_early`` so that no package of kiln's
+    imports one that imports it back)."""
+    from importlib.metadata import entry_points
+
+    import kiln_jax_plugin
+
+    found = [e for e in entry_points(group="jax_plugins") if e.name == "kiln"]
+    assert [e.value for e in found] == ["kiln_jax_plugin"]
+    assert callable(kiln_jax_plugin.initialize)

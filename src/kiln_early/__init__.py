@@ -5,10 +5,11 @@ jax_md`` runs 131 eager compiles; most programs import their own tools last) wou
 those again in every warm run: JAX's cache was not routed into kiln's store yet. JAX calls
 ``initialize()`` of every module a ``jax_plugins`` entry point names when its first backend
 starts, before its first compile (``jax._src.xla_bridge.discover_pjrt_plugins``, the
-mechanism of PJRT plugins). kiln names this module there. For a program that created a
-:func:`kiln.jit` function in its previous run, :func:`initialize` imports kiln at that moment,
-so its route is on for every compile, as if the program imported kiln first. Any other
-process pays one ``os.stat`` (this module imports only the standard library).
+mechanism of PJRT plugins). kiln names ``kiln_jax_plugin`` there. For a program that created a
+:func:`kiln.jit` function in its previous run (:func:`claim` says so), its ``initialize``
+imports kiln at that moment, so its route is on for every compile, as if the program imported
+kiln first. Any other process pays one ``os.stat`` (this module imports only the standard
+library, and never kiln: kiln imports it to :func:`remember`, so it stands below kiln).
 
 The program is told apart by a marker file (an empty file named by a digest of the script's
 path, ``sys.argv[0]``, and the working directory) under ``<KILN_CACHE_DIR>/early/``:
@@ -32,7 +33,7 @@ import hashlib
 import os
 import sys
 
-__all__ = ["initialize", "marker", "remember", "skip"]
+__all__ = ["claim", "marker", "remember", "skip"]
 
 _state = {"imported": False, "remembered": False, "skip": False}
 
@@ -66,23 +67,24 @@ def _off() -> bool:
                                                                           "off"))
 
 
-def initialize() -> None:
-    """JAX's call when its first backend starts: import kiln now for a program that used it
-    last time (see the module docstring)."""
+def claim() -> bool:
+    """Whether JAX's backend start should import kiln now: kiln is not imported yet and this
+    program made a kiln function last time (its marker exists; see the module docstring).
+    True marks kiln as imported early, and removes the marker at exit if this run makes no
+    kiln function. Never raises."""
     try:
         if "kiln" in sys.modules or _off():
-            return
+            return False
         path = marker()
         if path is None or not os.path.exists(path):
-            return
+            return False
         _state["imported"] = True
         import atexit
 
-        import kiln  # noqa: F401 - the route (and what else import kiln turns on)
-
         atexit.register(_forget_if_unused, path)
-    except Exception:  # noqa: BLE001, S110 - never stop JAX's backend start over a cache
-        pass
+        return True
+    except Exception:  # noqa: BLE001 - never stop JAX's backend start over a cache
+        return False
 
 
 def skip() -> None:

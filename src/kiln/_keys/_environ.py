@@ -305,7 +305,8 @@ def check_env(name: str, digest: str, whole: bool) -> str | None:
 # -- library settings: plain module globals ----------------------------------------------------
 
 # top-level packages whose settings are keyed elsewhere: jax's config and flags, kiln's own
-_KEYED_ELSEWHERE = frozenset({"jax", "jaxlib", "kiln", "kiln_early", "kiln_cli", "kiln_pytest"})
+_KEYED_ELSEWHERE = frozenset({"jax", "jaxlib", "kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli",
+                              "kiln_pytest"})
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _MISSING = "<missing>"
 

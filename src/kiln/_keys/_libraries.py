@@ -56,7 +56,7 @@ LIB_ROOTS = tuple(
 # never the program's (a marker kiln_early checks while a noinline function is made in a trace)
 _SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 KILN_ROOT = tuple(os.path.join(_SRC, name) + os.sep
-                  for name in ("kiln", "kiln_early", "kiln_cli", "kiln_pytest"))
+                  for name in ("kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli", "kiln_pytest"))
 
 
 @functools.lru_cache(maxsize=4096)
