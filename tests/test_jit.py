@@ -811,3 +811,27 @@ def test_a_python_scalar_and_the_weak_array_a_step_returns_are_one_program(kiln_
     want_n, _ = jax.jit(step)(jax.jit(step)(0, jnp.ones(3))[0], jnp.ones(3))
     assert int(n) == 3 and n.dtype == want_n.dtype and n.weak_type == want_n.weak_type
     assert kiln.stats().compiles == 1 and kiln.stats().misses == 1
+
+
+def test_jax_jit_s_keywords_are_typed_once_and_shown_as_jax_jit_shows_them() -> None:
+    """kiln.jit's keyword options are one record (``JitKeywords``, with jax.jit's defaults):
+    its signature shows each, keyword-only, with jax.jit's default; an unknown keyword is
+    jax.jit's TypeError, at decoration."""
+    import inspect
+
+    from kiln._jit._options import JIT_DEFAULTS, JitKeywords
+
+    assert set(JIT_DEFAULTS) == set(JitKeywords.__annotations__)
+    ours = inspect.signature(kiln.jit).parameters
+    theirs = inspect.signature(jax.jit).parameters
+    assert list(ours) == ["fun", *JIT_DEFAULTS]
+    for name, default in JIT_DEFAULTS.items():
+        assert ours[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert ours[name].default == default
+        if name in theirs and name not in ("in_shardings", "out_shardings"):
+            assert theirs[name].default == default, name  # (shardings: jax's UNSPECIFIED)
+    for make in (lambda: jax.jit(lambda x: x, statc_argnums=1),
+                 lambda: kiln.jit(lambda x: x, statc_argnums=1),
+                 lambda: kiln.jit(statc_argnums=1)):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'statc_argnums'"):
+            make()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, TypeVar, Unpack, overload
 
 from ._function import JitFunction
+from ._options import JAX_PASSED_ON, JitKeywords, check_keywords, jit_signature
 
 __all__ = ["jit", "filter_jit"]
 
@@ -13,56 +14,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 @overload
-def jit(
-    fun: F,
-    *,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Sequence[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Sequence[str] | None = None,
-    keep_unused: bool = False,
-    device: Any = None,
-    backend: str | None = None,
-    inline: bool = False,
-    compiler_options: dict[str, Any] | None = None,
-    in_shardings: Any = None,
-    out_shardings: Any = None,
-) -> JitFunction: ...
+def jit(fun: F, **options: Unpack[JitKeywords]) -> JitFunction: ...
 
 
 @overload
-def jit(
-    fun: None = None,
-    *,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Sequence[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Sequence[str] | None = None,
-    keep_unused: bool = False,
-    device: Any = None,
-    backend: str | None = None,
-    inline: bool = False,
-    compiler_options: dict[str, Any] | None = None,
-    in_shardings: Any = None,
-    out_shardings: Any = None,
-) -> Callable[[F], JitFunction]: ...
+def jit(fun: None = None, **options: Unpack[JitKeywords]) -> Callable[[F], JitFunction]: ...
 
 
-def jit(
-    fun: Callable[..., Any] | None = None,
-    *,
-    static_argnums: int | Sequence[int] | None = None,
-    static_argnames: str | Sequence[str] | None = None,
-    donate_argnums: int | Sequence[int] | None = None,
-    donate_argnames: str | Sequence[str] | None = None,
-    keep_unused: bool = False,
-    device: Any = None,
-    backend: str | None = None,
-    inline: bool = False,
-    compiler_options: dict[str, Any] | None = None,
-    in_shardings: Any = None,
-    out_shardings: Any = None,
-) -> Any:
+def jit(fun: Callable[..., Any] | None = None, **options: Unpack[JitKeywords]) -> Any:
     """Compile ``fun`` with XLA like ``jax.jit``, and keep the executable in a store.
 
     A drop-in for :func:`jax.jit`: same results for pytrees in and out, keyword arguments,
@@ -116,23 +75,16 @@ def jit(
         [0.0, 1.0, 4.0]
     """
 
+    check_keywords("jit", dict(options))
+
     def make(f: Callable[..., Any]) -> JitFunction:
-        return JitFunction(
-            f,
-            static_argnums=static_argnums,
-            static_argnames=static_argnames,
-            donate_argnums=donate_argnums,
-            donate_argnames=donate_argnames,
-            keep_unused=keep_unused,
-            device=device,
-            backend=backend,
-            inline=inline,
-            compiler_options=compiler_options,
-            in_shardings=in_shardings,
-            out_shardings=out_shardings,
-        )
+        return JitFunction(f, **options)
 
     return make if fun is None else make(fun)
+
+
+# help(kiln.jit) and inspect.signature(kiln.jit) show jax.jit's keywords, each with its default
+jit.__signature__ = jit_signature(jit)  # type: ignore[attr-defined]
 
 
 _FILTER_DONATE = ("all", "all-except-first", "warn", "warn-except-first", "none")
@@ -191,8 +143,7 @@ def filter_jit(fun: Callable[..., Any] | None = None, *, donate: str = "none",
             "`filter_jit(..., donate=...)` must be one of 'all', 'all-except-first', "
             "'warn', 'warn-except-first', or 'none'."
         )
-    unknown = set(jitkwargs) - {"keep_unused", "device", "backend", "inline",
-                                "compiler_options"}
+    unknown = set(jitkwargs) - set(JAX_PASSED_ON)
     if unknown:
         raise TypeError(f"filter_jit() got unexpected keyword arguments {sorted(unknown)}")
 

@@ -30,8 +30,8 @@ import threading
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Unpack
 
 import jax
 
@@ -51,7 +51,7 @@ from .._miss import (
 from .._travel import _jax_cache, _pickling
 from . import _dispatch, _prepare, _stages
 from ._dispatch import unwrapped
-from ._options import JitOptions
+from ._options import JIT_DEFAULTS, JitKeywords, JitOptions, check_keywords
 from ._prepare import TO_JAX
 from ._wrappers import JitWrappers
 
@@ -126,35 +126,15 @@ class JitFunction:
     # libraries whose values kiln's walk reaches (numpyro's caches keyed by id())
     _same_program_alias = False
 
-    def __init__(
-        self,
-        fun: Callable[..., Any],
-        *,
-        static_argnums: int | Sequence[int] | None = None,
-        static_argnames: str | Sequence[str] | None = None,
-        donate_argnums: int | Sequence[int] | None = None,
-        donate_argnames: str | Sequence[str] | None = None,
-        keep_unused: bool = False,
-        device: Any = None,
-        backend: str | None = None,
-        inline: bool = False,
-        compiler_options: dict[str, Any] | None = None,
-        in_shardings: Any = None,
-        out_shardings: Any = None,
-        _filter: str | None = None,
-    ) -> None:
+    def __init__(self, fun: Callable[..., Any], *, _filter: str | None = None,
+                 **options: Unpack[JitKeywords]) -> None:
+        check_keywords("JitFunction", dict(options))
         if callable(fun):
             functools.update_wrapper(self, fun)
         self._fun = fun
         # kiln.jit's arguments (_filter: kiln.filter_jit's donate mode; None for kiln.jit), as
         # given, made into options once
-        given = dict(
-            static_argnums=static_argnums, static_argnames=static_argnames,
-            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
-            keep_unused=keep_unused, device=device, backend=backend, inline=inline,
-            compiler_options=compiler_options, in_shardings=in_shardings,
-            out_shardings=out_shardings, _filter=_filter,
-        )
+        given: dict[str, Any] = {**JIT_DEFAULTS, **options, "_filter": _filter}
         self._options = opts = JitOptions.make(fun, given)
         # the plain jax.jit of fun: jax's checks at decoration, and jax's errors for arguments
         # kiln.jit hands to it (TO_JAX)

@@ -6,14 +6,65 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import jax
 
 from .._keys import _args, option_text
 
-__all__ = ["JitOptions"]
+__all__ = ["JAX_PASSED_ON", "JIT_DEFAULTS", "JitKeywords", "JitOptions", "check_keywords",
+           "jit_signature"]
+
+
+class JitKeywords(TypedDict, total=False):
+    """``jax.jit``'s keyword options, as ``kiln.jit`` takes them (jax 0.10 to 0.12: all of
+    them), written once: ``kiln.jit`` and :class:`~kiln._jit._function.JitFunction` take
+    ``**Unpack[JitKeywords]``, the jax.jit swap reads which options kiln takes from its keys,
+    ``kiln.jit``'s signature is made from it (:func:`jit_signature`)."""
+
+    static_argnums: int | Sequence[int] | None
+    static_argnames: str | Sequence[str] | None
+    donate_argnums: int | Sequence[int] | None
+    donate_argnames: str | Sequence[str] | None
+    keep_unused: bool
+    device: Any
+    backend: str | None
+    inline: bool
+    compiler_options: dict[str, Any] | None
+    in_shardings: Any
+    out_shardings: Any
+
+
+#: :class:`JitKeywords`' defaults, ``jax.jit``'s
+JIT_DEFAULTS: JitKeywords = {
+    "static_argnums": None, "static_argnames": None, "donate_argnums": None,
+    "donate_argnames": None, "keep_unused": False, "device": None, "backend": None,
+    "inline": False, "compiler_options": None, "in_shardings": None, "out_shardings": None,
+}
+
+#: the options passed on as given to every ``jax.jit`` kiln makes of a function (and key parts)
+JAX_PASSED_ON = ("keep_unused", "device", "backend", "inline", "compiler_options")
+
+
+def check_keywords(where: str, options: dict[str, Any], allowed: Sequence[str] = ()) -> None:
+    """Python's ``TypeError`` for a keyword ``where`` does not take (``allowed``: all of
+    :class:`JitKeywords` when empty)."""
+    unknown = sorted(set(options) - set(allowed or JIT_DEFAULTS))
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def jit_signature(fun: Callable[..., Any]) -> inspect.Signature:
+    """``fun``'s signature with its ``**options`` spelled out as :class:`JitKeywords`, each
+    keyword-only with its default, for ``help()`` and ``inspect`` (as ``jax.jit`` shows)."""
+    sig = inspect.signature(fun)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    hints = JitKeywords.__annotations__
+    params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v,
+                                 annotation=getattr(hints[k], "__forward_arg__", hints[k]))
+               for k, v in JIT_DEFAULTS.items()]
+    return sig.replace(parameters=params)
 
 
 def _both_ways(
@@ -125,8 +176,7 @@ class JitOptions:
             static_argnames=frozenset(names),
             donate_argnums=frozenset(dnums),
             donate_argnames=tuple(dnames),
-            jax_options={k: g[k] for k in ("keep_unused", "device", "backend", "inline",
-                                           "compiler_options") if g[k]},
+            jax_options={k: g[k] for k in JAX_PASSED_ON if g[k]},
             in_shardings=g["in_shardings"],
             out_shardings=g["out_shardings"],
             positional=positional,

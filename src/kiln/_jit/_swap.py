@@ -50,6 +50,7 @@ from .._base import StaticArgumentError, get_config
 from .._miss import _explain
 from ._dispatch import unwrapped
 from ._function import JitFunction
+from ._options import JIT_DEFAULTS
 
 __all__ = ["SwappedJit", "keep_jax_jit", "replace_at_import", "replace_jax_jit",
            "restore_jax_jit", "swapped_jit", "is_replaced"]
@@ -64,10 +65,7 @@ _ORIGINAL: Callable[..., Any] = jax.jit
 _INTERNAL = ("jax", "jaxlib", "jax_plugins", "kiln", "kiln_pytest")
 
 # jax.jit's keyword options kiln.jit takes (jax 0.10 to 0.12: all of them)
-_KILN_OPTIONS = frozenset({
-    "static_argnums", "static_argnames", "donate_argnums", "donate_argnames", "keep_unused",
-    "device", "backend", "inline", "compiler_options", "in_shardings", "out_shardings",
-})
+_KILN_OPTIONS = frozenset(JIT_DEFAULTS)
 
 # jax.jit's function attributes served by the plain jax.jit of the function
 _JAX_ATTRIBUTES = ("lower", "trace", "eval_shape")
