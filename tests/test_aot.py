@@ -1,5 +1,5 @@
 """Ahead-of-time stages as jax.stages: ``f.trace``, ``f.lower(...).as_text() / .compile()``,
-``cost_analysis``; ``compile()`` uses and fills the store (issue 10, item 7)."""
+``cost_analysis``; ``compile()`` uses and fills the store."""
 
 from __future__ import annotations
 

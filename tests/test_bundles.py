@@ -1,4 +1,4 @@
-"""Bundles (issue 12, item 2): ``kiln export`` writes entries of a store into one file,
+"""Bundles: ``kiln export`` writes entries of a store into one file,
 ``kiln import`` loads those that fit into a store on another machine.
 
 A bundle with a changed byte, or signed with another ``KILN_SIGNING_KEY``, is refused as a
@@ -242,7 +242,7 @@ def _rewrite_part(store_dir: Path, key: str, name: str, value: str) -> None:
         ("backend", "tpu 1.0", "built for platform tpu 1.0 (here "),
         # a job of another topology (jax.distributed: processes x local devices)
         ("processes", "4 x2", "built for job topology 4 x2 (here 1 x1)"),
-        # a CPU executable of another machine kind (issue 26: XLA:CPU compiles for the host's
+        # a CPU executable of another machine kind (XLA:CPU compiles for the host's
         # instruction set, and its loader rejects a foreign one)
         ("machine", "aarch64 sve2 0badc0de", "built for machine kind aarch64 sve2 0badc0de (here "),
     ],

@@ -177,7 +177,7 @@ def _step(params: Any) -> Any:
 def test_ls_cuts_a_long_signature_to_the_terminal(
     store_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A training step with 80 leaves (issue 24): its SIGNATURE column fits a 120-column
+    """A training step with 80 leaves: its SIGNATURE column fits a 120-column
     terminal, with the count of leaves; ``-v`` and ``--json`` give it whole."""
 
     kiln.jit(_step)([jnp.ones((i % 7 + 1, 3)) for i in range(80)])
@@ -198,7 +198,7 @@ def test_cli_warnings_read_as_the_cli_s_own(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """kiln's warnings in a CLI run are ``kiln: warning: <text>`` on stderr, not Python's
-    ``<file>:<line>: StoreWarning: kiln: ...`` (issue 24)."""
+    ``<file>:<line>: StoreWarning: kiln: ...``."""
     import warnings
 
     from kiln._base._errors import StoreWarning
@@ -379,7 +379,7 @@ def test_verify_reports_an_entry_stored_under_another_key(
     filled: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A whole, valid entry copied over another key's file is never loaded; verify says so
-    (it checked only the digest before: one decode for every reader now, issue 25)."""
+    (it once checked only the digest: verify now decodes an entry as every reader does)."""
     first, second = _entry_files(filled)[:2]
     second.write_bytes(first.read_bytes())
     code, out, _ = _run(["verify"], capsys)

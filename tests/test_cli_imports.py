@@ -1,5 +1,5 @@
-"""The ``kiln`` command line answers without importing jax where a verb does not run JAX
-(issue 35): ``--version``, ``--help``, ``ls``, ``stats``, ``verify``, ``prune``, ``clear``, from
+"""The ``kiln`` command line answers without importing jax where a verb does not run JAX:
+``--version``, ``--help``, ``ls``, ``stats``, ``verify``, ``prune``, ``clear``, from
 the ``kiln`` script (``kiln_cli``) and from ``python -m kiln``; the verbs that run JAX, and the
 first use of a name such as ``kiln.jit``, turn on what ``import kiln`` turns on. Real processes;
 what is imported is read from ``python -X importtime`` and ``sys.modules``, never a timing."""

@@ -1,4 +1,4 @@
-"""What the compiler is given is in the key (issue 33): compile options from jax's config, XLA's
+"""What the compiler is given is in the key: compile options from jax's config, XLA's
 flags as the backend read them at start, a flags file by its contents.
 
 Cross-process: process A fills the store, B runs under another compile setting and must compile

@@ -1,4 +1,4 @@
-"""What a global config container and a trace-time log line put into the key (issue 42).
+"""What a global config container and a trace-time log line put into the key.
 
 - A global ``types.SimpleNamespace`` or ``dict`` is keyed by the fields the walked code reads by
   constant name (``CFG.lr``, ``CONFIG["lr"]``, ``CONFIG.get("k", d)``): a run name that

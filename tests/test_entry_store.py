@@ -48,8 +48,8 @@ def test_entry_round_trip_and_header_peek():
     (None, False, False),
 ])
 def test_is_key(text, key, digest):
-    """Issue 35: one is_key for every check of a key (stores, bundles, the CLI, KILN_EXPLAIN's
-    shortened digests)."""
+    """One is_key for every check of a key (stores, bundles, the CLI, KILN_EXPLAIN's
+    shortened digests), so that they all accept and refuse the same text."""
     assert is_key(text) is key
     assert is_key(text, digest=True) is digest
 
@@ -163,7 +163,8 @@ def test_special_files_at_entry_paths(tmp_path):
 def test_temp_files_of_killed_writers_are_swept(tmp_path, children):
     """Temp files are removed only when no live writer can own them: their writer (host and
     pid in the name) has exited, or they are older than any write takes. A prune must never
-    delete the temp file of a writer in another process (issue 9: 39 of 60 entries lost)."""
+    delete the temp file of a writer in another process (a prune beside writers once lost 39
+    of 60 entries)."""
     from kiln.stores import _local
 
     store = LocalStore(tmp_path / "s")
@@ -309,7 +310,7 @@ def test_public_surface_is_pinned():
 
 
 def test_stores_public_surface_is_pinned():
-    """Issue 35: kiln.stores.__all__ is the public names only: the Store protocol and its
+    """kiln.stores.__all__ is the public names only: the Store protocol and its
     capabilities, the backends, open_store and wait_for_uploads (docs/fleets.md). What the face
     binds for kiln's own layers (single-flight, store faults) is not in it."""
     import kiln.stores
@@ -326,10 +327,10 @@ def test_stores_public_surface_is_pinned():
 def test_index_rows_of_writes_are_batched_and_a_row_lost_to_a_crash_comes_back(
     tmp_path: Path, children: ModuleType,
 ) -> None:
-    """A put writes the entry file at once and its index row with the next batch (issue 24:
-    a commit per put was 2 ms of 4.6). A process killed before the batch is recorded loses
-    rows, never entries: the entry is read as usual, its row is written again at that read,
-    and ``prune`` reconciles the index with the directory."""
+    """A put writes the entry file at once and its index row with the next batch (a commit
+    per put took 2 ms of the 4.6 a put cost). A process killed before the batch is recorded
+    loses rows, never entries: the entry is read as usual, its row is written again at that
+    read, and ``prune`` reconciles the index with the directory."""
     root = tmp_path / "s"
     script = (
         "import os\n"
@@ -392,8 +393,8 @@ def test_a_forked_child_does_not_keep_its_parent_s_lease(tmp_path: Path,
 
 def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path, children: ModuleType) -> None:
     """On Linux a lease is an OFD lock on one byte of ``leases/keys.lock``: no file is created
-    per key (a miss's read through the kiln:// route: 0.34 -> 0.16-0.21 ms, docs/benchmarks.md,
-    issue 24), and leases still exclude each other per key, within a process too."""
+    per key (a miss's read through the kiln:// route: 0.34 -> 0.16-0.21 ms, docs/benchmarks.md),
+    and leases still exclude each other per key, within a process too."""
     from kiln.stores import _local
 
     if not _local._OFD:
@@ -507,7 +508,7 @@ def test_a_fork_during_another_thread_s_acquire_leaves_the_child_no_lock(
 @pytest.mark.parametrize("ofd", [False, True])
 def test_lease_files_are_removed_by_prune_and_clear_but_never_a_held_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ofd: bool) -> None:
-    """One lock file per key ever compiled used to stay forever (issue 24). Where there are no
+    """One lock file per key ever compiled used to stay forever. Where there are no
     OFD locks (macOS) a lease is such a file; on Linux the files an earlier kiln left are
     swept the same way."""
     from kiln.stores import _local

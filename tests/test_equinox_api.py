@@ -1,5 +1,5 @@
 """equinox's own ``tests/test_jit.py`` under ``kiln run --jit``, plain, cold and warm
-(``tests/equinox_api/run.py``; issue 34). equinox's tests are not in this repository: the test
+(``tests/equinox_api/run.py``). equinox's tests are not in this repository: the test
 runs where ``KILN_EQUINOX_SRC`` names an equinox source (its git directory, a checkout, or a
 folder holding its ``tests/``), and is skipped elsewhere."""
 

@@ -1,5 +1,4 @@
-"""Two contracts: ``kiln.jit`` is ``jax.jit``'s, ``kiln.filter_jit`` is ``equinox.filter_jit``'s
-(issue 10, items 5, 6 and 11).
+"""Two contracts: ``kiln.jit`` is ``jax.jit``'s, ``kiln.filter_jit`` is ``equinox.filter_jit``'s.
 
 Each test runs the same code through kiln and through the library it stands in for, in the
 same process, and compares results, errors and trace counts.
@@ -256,7 +255,7 @@ def _module_method(make: Callable[..., Any], **kwargs: Any) -> tuple[Any, list[i
 
 @pytest.mark.parametrize("how", ["call", "grad-x", "grad-self", "vmap", "outer-jit"])
 def test_filter_jit_method_traces_as_equinox(how: str) -> None:
-    """A filter_jit method of a Module (issue 22), called directly and under grad / vmap / an
+    """A filter_jit method of a Module, called directly and under grad / vmap / an
     outer jit, twice: the same trace count and values as equinox.filter_jit."""
     x = jnp.arange(3.0)
     got = {}
@@ -319,7 +318,7 @@ def test_filter_jit_of_a_module_donates_its_buffers_and_traces_once_as_equinox(
     donate: str, fun_deleted: bool, x_deleted: bool,
 ) -> None:
     """``filter_jit(instance, donate=...)``: the instance's arrays are traced and donated with
-    the arguments after the first, as equinox does (issue 34); a new instance of the same
+    the arguments after the first, as equinox does; a new instance of the same
     structure (new weights, the step's output) is the same program: no new trace."""
     results = {}
     for make in (kiln.filter_jit, eqx.filter_jit):

@@ -107,7 +107,7 @@ def test_dict_order_counts():
 def test_a_global_generator_s_state_counts_where_the_trace_draws_from_it():
     """numpy's global generator is reached by name (``np.random.randn``) but keyed by what
     the trace does: the static walk names it, the trace's RngWatch keys its state when the
-    trace draws from it (issue 42), and a warm lookup checks that state."""
+    trace draws from it, and a warm lookup checks that state."""
     def f(x):
         return x + np.random.randn(3)
 
@@ -127,7 +127,7 @@ def test_a_global_generator_s_state_counts_where_the_trace_draws_from_it():
 
 def test_a_global_generator_reached_by_name_but_not_drawn_from_is_not_keyed():
     """``np.pi`` beside ``jax.random.normal``: the walk reaches ``np.random.normal`` by name;
-    the trace never draws from numpy's generator, so no state is keyed (issue 42)."""
+    the trace never draws from numpy's generator, so no state is keyed."""
     def f(key):
         return jax.random.normal(key, (3,)) * np.pi
 
@@ -289,7 +289,7 @@ def test_register_static_pytree_is_keyed_by_its_fields() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# what a trace reaches besides names (issue 33; cross-process: test_staleness_walk.py)
+# what a trace reaches besides names (cross-process: test_staleness_walk.py)
 # --------------------------------------------------------------------------------------------
 def _rule_registries():
     from jax.interpreters import ad, batching, mlir
@@ -419,7 +419,7 @@ def test_a_class_docstring_counts_without_the_addresses_of_reprs():
 
 class _EnvLike:
     """A library-style environment as static ``self``: ``__hash__``/``__eq__``, plain fields,
-    no ``__kiln_digest__``, not a dataclass (gymnax, evosax: issue 42)."""
+    no ``__kiln_digest__``, not a dataclass (as in gymnax and evosax)."""
 
     def __init__(self, n, lock=None):
         self.n = n
@@ -579,7 +579,7 @@ class _Double(_Plugin):
 
 def test_code_that_walks_subclasses_keys_the_subclass_tree(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plugins found by ``cls.__subclasses__()`` (no name reaches them): a subclass added, or a
-    class attribute of one changed, is another key (issue 43 item 3); code that does not walk
+    class attribute of one changed, is another key; code that does not walk
     subclasses is not keyed by them."""
 
     def total(x):

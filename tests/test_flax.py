@@ -184,7 +184,7 @@ print(json.dumps({"losses": losses, "step": int(state.step), "compiles": s.compi
 
 @pytest.mark.slow
 def test_a_train_state_step_is_stored_and_gives_back_the_caller_s_objects(tmp_path: Path) -> None:
-    """A step returning a flax TrainState (issue 23): stored, although its output structure
+    """A step returning a flax TrainState: stored, although its output structure
     holds ``apply_fn`` and optax's local functions; a warm result holds the caller's own
     ``tx`` and ``apply_fn``; ``step=0`` then the returned weak int32[] is one program; another
     learning rate is another program (never stale)."""

@@ -166,7 +166,7 @@ def test_waiters_on_a_holder_that_cannot_store_compile_at_once_not_in_turn(xp, t
     """The holder compiles, cannot store the executable, and leaves a short-lived
     "not-storable" marker under the key before it lets the lease go: the processes waiting
     for its entry compile at once, none of them takes the key over (before: each took it over
-    in turn, N compiles in sequence; issue 24)."""
+    in turn, N compiles in sequence)."""
     kind, url = fleet
     n = 3
     prog, runs = _together(xp, tmp_path, UNSTORABLE, n, kind, url)
@@ -548,7 +548,7 @@ def test_cli_verbs_work_on_a_remote_store(
 def test_verify_lists_and_removes_junk_keys_in_redis(redis_url, capsys, monkeypatch):
     """A key under kiln's prefix that is no entry (``kiln:v4:entry:NOTHEX``, a key of an
     unknown kind) is listed by ``kiln verify`` (exit 1) and removed by ``--delete-bad``; the
-    counters and entries are left alone (issue 24)."""
+    counters and entries are left alone."""
     import redis
 
     from kiln._base import FORMAT_VERSION
@@ -698,7 +698,7 @@ def test_an_empty_object_in_a_bucket_is_listed_not_fatal(s3_url, tmp_path, capsy
     assert _cli.main(["stats", "--store", s3_url]) == 0
 
 
-# -- write-behind (issue 24) --------------------------------------------------------------------
+# -- write-behind -------------------------------------------------------------------------------
 def test_writes_are_write_behind_and_the_lease_waits_for_the_upload(redis_url, tmp_path):
     """A put returns once the entry is in the local store; the upload runs on a background
     thread, and the remote lease on the key is let go only when it has landed, so another host

@@ -1112,7 +1112,8 @@ FUNCS = ["f_callback"]
             ing("jax.debug.print", 'jax.debug.print("hc debug y={y}", y=y)'),
         ))},
     ),
-    # ---- found by this checker (misses fixed in issue 42)
+    # ---- misses this checker found, now fixed: a global config object and stdlib values
+    # read while tracing must hit
     Template(
         "global_config",
         HEAD + """\

@@ -372,7 +372,7 @@ def test_an_entry_of_another_kind_under_the_key_reads_as_absent(kiln_store, capl
 def test_an_executable_jax_s_cache_loaded_is_compiled_again_before_kiln_stores_it(tmp_path):
     """XLA serializes an executable JAX's persistent cache deserialized without its kernels:
     an entry made from one fails on its first run in every later process ("NOT_FOUND: Function
-    sine_multiply_fusion not found"; JAX's api_test under kiln, issue 22). kiln's compile that
+    sine_multiply_fusion not found", seen in JAX's api_test under kiln). kiln's compile that
     JAX's cache serves is compiled again, fresh, before it is stored."""
     prog = tmp_path / "prog.py"
     prog.write_text(COUNTING + textwrap.dedent('''
@@ -407,7 +407,7 @@ def test_an_executable_jax_s_cache_loaded_is_compiled_again_before_kiln_stores_i
 
 @pytest.mark.slow
 def test_the_route_is_on_from_import_so_work_before_the_first_kiln_jit_is_cached(tmp_path):
-    """A script that draws data before any kiln.jit exists (issue 23): the random-number
+    """A script that draws data before any kiln.jit exists: the random-number
     programs are compiled by the first process only, as JAX's cache configured from the
     environment would; KILN_JAX_CACHE=0 leaves JAX alone from import on."""
     prog = tmp_path / "prog.py"
@@ -464,7 +464,7 @@ SERVED = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_what_kiln_caches_is_what_jax_s_cache_would(tmp_path):
-    """The same script under JAX's own cache and under kiln, twice each (issue 23): every
+    """The same script under JAX's own cache and under kiln, twice each: every
     program JAX's cache serves the second time is served under kiln too, by kiln's store
     (the kiln.jit function) or by JAX's cache through the kiln:// route (everything else)."""
     prog = tmp_path / "served.py"

@@ -315,7 +315,7 @@ def test_unhashable_static_error():
 
 
 def test_an_object_static_is_keyed_by_class_and_state(kiln_store):
-    """Issue 42: an object hashed by identity, with no ``__kiln_digest__`` and not a
+    """An object hashed by identity, with no ``__kiln_digest__`` and not a
     dataclass, is keyed by its class's code and the fields its trace read (it used to take
     the verify path); one holding what has no value (a lock) hits when the trace does not
     read it, and takes the verify path, the reason naming the field, when it does."""
@@ -794,7 +794,7 @@ def test_jit_made_again_around_the_same_function_reuses_its_executables():
 
 
 def test_a_python_scalar_and_the_weak_array_a_step_returns_are_one_program(kiln_store) -> None:
-    """As jax.jit (issue 23): a Python int is a weak int32[] (a TrainState's step=0, then the
+    """As jax.jit: a Python int is a weak int32[] (a TrainState's step=0, then the
     step the function returned), so there is one trace and one compile; the result dtypes
     are jax.jit's."""
     traces = []

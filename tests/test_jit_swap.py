@@ -461,7 +461,7 @@ def test_kiln_run_m_runs_a_module_with_its_arguments(tmp_path):
     (tmp_path / "pkg" / "train.py").write_text(MODULE)
     (tmp_path / "pkg" / "__main__.py").write_text("from pkg import train\n")
 
-    # the swap is kiln run's default (issue 43); --jit says so explicitly
+    # the swap is kiln run's default; --jit says so explicitly
     cold = _result(_kiln_run(tmp_path, "-m", "pkg.train", "--steps", "3", "-x"))
     assert cold == {"argv": ["--steps", "3", "-x"], "name": "__main__", "out": [0.0, 2.0, 4.0],
                     "type": "SwappedJit", "traces": 1, "hits": 0}
@@ -534,7 +534,7 @@ def _pytest(tmp_path: Path, *flags: str, **env_extra: str) -> tuple[int, int, in
 
 @pytest.mark.slow
 def test_pytest_kiln_jit_second_run_traces_nothing(tmp_path):
-    assert _pytest(tmp_path, "--kiln") == (0, 3, 3)  # the swap: --kiln's default (issue 43)
+    assert _pytest(tmp_path, "--kiln") == (0, 3, 3)  # the swap: --kiln's default
     assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (3, 0, 0)
     assert _pytest(tmp_path, KILN_PYTEST_JIT="1") == (3, 0, 0)
     assert _pytest(tmp_path, KILN_PYTEST="1") == (3, 0, 0)
@@ -567,7 +567,7 @@ def test_pytest_kiln_jit_and_kiln_no_jit_together_is_a_usage_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# equinox's filter_jit under the swap (issue 34, item 4): its jax.jit is a kiln.jit
+# equinox's filter_jit under the swap: its jax.jit is a kiln.jit
 # ---------------------------------------------------------------------------------------------
 EQX_PROG = '''
 import warnings

@@ -1,6 +1,6 @@
-"""kiln's modules in layers without cycles (issue 11): the import-linter contract in
+"""kiln's modules in layers without cycles: the import-linter contract in
 pyproject.toml holds, jax's private modules are imported by kiln._base._jax_compat alone, and a
-folder's modules are reached through its face (issue 35)."""
+folder's modules are reached through its face."""
 
 from __future__ import annotations
 
@@ -27,12 +27,28 @@ def _imports(path: Path) -> list[str]:
     return out
 
 
+GATE = SRC / "_base" / "_jax_compat"  # the JAX gate: a folder, one file per concern
+
+
 def test_only_jax_compat_imports_jax_private_modules() -> None:
     offenders = {
         str(p.relative_to(SRC)): [m for m in _imports(p) if m.startswith("jax._src")]
-        for p in SRC.rglob("*.py") if p.name != "_jax_compat.py"
+        for p in SRC.rglob("*.py") if GATE not in p.parents
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+    assert any(m.startswith("jax._src") for m in _imports(GATE / "_private.py"))
+
+
+def test_the_jax_gate_is_small_files_behind_one_face() -> None:
+    """Each file of the gate holds one concern and stays under 400 lines; kiln outside the
+    gate reads it through its face (``_jax_compat.name``), never a file of it."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in GATE.glob("*.py")}
+    assert len(sizes) >= 8 and max(sizes.values()) < 400, sizes
+    inside = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if GATE not in p.parents
+              and any(m.startswith("kiln._base._jax_compat.") for m in _imports(p))]
+    relative = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if GATE not in p.parents
+                and "_jax_compat._" in p.read_text()]
+    assert inside == [] and relative == []
 
 
 def test_kiln_s_packages_import_one_another_without_a_circle() -> None:
@@ -74,7 +90,7 @@ def test_layers_contract_holds() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Folder faces (issue 35): what one folder imports of another goes through that folder's face
+# Folder faces: what one folder imports of another goes through that folder's face
 # --------------------------------------------------------------------------------------------
 #: The private modules a face hands out whole (``from .._base import _jax_compat``), each with
 #: why its callers take the module rather than names of the face. Any other is a bypass.
@@ -164,7 +180,7 @@ def face_bypasses(src: Path = SRC) -> list[str]:
 
 
 def test_no_folder_imports_a_private_module_of_another() -> None:
-    """Issue 35: other folders reach a folder through its face (see :func:`face_bypasses`)."""
+    """Other folders reach a folder through its face (see :func:`face_bypasses`)."""
     assert face_bypasses() == []
 
 
@@ -174,7 +190,8 @@ def test_each_face_module_is_one_another_folder_takes() -> None:
              for name in names if _private(name)}
     assert sorted(set(FACE_MODULES) - taken) == []
     for name in FACE_MODULES:
-        assert (SRC.parent / (name.replace(".", "/") + ".py")).is_file(), name
+        path = SRC.parent / name.replace(".", "/")
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), name
 
 
 def test_face_bypasses_are_found(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Heterogeneous fleets (issue 26): an entry is only ever loaded on the kind of machine it was
+"""Heterogeneous fleets: an entry is only ever loaded on the kind of machine it was
 compiled for.
 
 XLA:CPU compiles for the host's instruction set; the key's ``machine`` part holds the

@@ -231,7 +231,7 @@ def run_job(tmp_path: Path, nproc: int, ndev: int, stores: list[Path],
 def _check_values(reports: list[dict[str, Any]]) -> None:
     for r in reports:
         # the kiln:// route is on by default in a job too: JAX's own jits and eager operations
-        # go through the store (before issue 22's fix it hung or crashed a job: "Function
+        # go through the store (this once hung or crashed a job: "Function
         # broadcast_add_fusion not found", an executable JAX's cache loaded, stored by kiln)
         assert r["route"] == "kiln://store", r["route"]
         for name, c in r["cases"].items():

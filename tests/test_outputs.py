@@ -1,4 +1,4 @@
-"""Outputs come back as the running process's own classes and objects (issue 10, item 11).
+"""Outputs come back as the running process's own classes and objects.
 
 An output's structure (its pytree node types, non-array leaves such as an equinox Module's
 activation function) is stored with the entry. Classes and functions of the script itself
@@ -107,7 +107,7 @@ def test_a_returned_module_hits_when_passed_back(runs: dict[str, Any], xp: Any) 
 def test_an_output_structure_that_cannot_be_stored_warns_once_and_is_listed(
     kiln_store, capsys
 ) -> None:
-    """Never silent (issue 23): the program runs, compiled; one KilnWarning per function with
+    """Never silent: the program runs, compiled; one KilnWarning per function with
     the reason and what to do; `kiln stats` lists it under "not stored"."""
     import threading
 

@@ -1,4 +1,4 @@
-"""Pickled kiln functions carry their compiled executables (issue 12, item 1).
+"""Pickled kiln functions carry their compiled executables.
 
 A kiln function that cannot be found again by module and name (a lambda, a closure, anything
 in ``__main__`` under another name) pickles by value with cloudpickle and carries the entries

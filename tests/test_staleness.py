@@ -846,7 +846,7 @@ def test_tracing_config_is_a_key_part(environments: dict[str, Any], xp: Any, nam
 
 
 # ----------------------------------------------------------------------------------------------
-# What a trace reads from outside Python (issue 20): files, listings, what cannot be keyed
+# What a trace reads from outside Python: files, listings, what cannot be keyed
 # ----------------------------------------------------------------------------------------------
 READS_PROG = '''
 import json

@@ -1177,8 +1177,8 @@ CORPUS: list[Template] = [
         },
         {"re_c": Site("library_reinstall_same_version")},
     ),
-    # ---- issue 43 item 8: callbacks reached through rebindable attributes, memo values,
-    # subclass registries, environment variables, an installed library's module globals
+    # ---- callbacks reached through rebindable attributes, memo values, subclass registries,
+    # environment variables, an installed library's module globals: an edit of each is seen
     Template(
         "rebound_callbacks",
         {

@@ -1,7 +1,6 @@
-"""What a trace reads that a warm start must re-check (issue 33, items 3 and 4), across real
-processes sharing one store: A (cold), B (warm: zero traces), C (every input changed: the new
-value, equal to plain ``jax.jit``'s in the same process), D (inputs changed back: the
-original value).
+"""What a trace reads that a warm start must re-check, across real processes sharing one
+store: A (cold), B (warm: zero traces), C (every input changed: the new value, equal to plain
+``jax.jit``'s in the same process), D (inputs changed back: the original value).
 
 One program holds every scenario (process starts are the cost on a 2-core machine):
 

@@ -1,4 +1,4 @@
-"""Never stale, round 7 (issue 43): a host callback reached through an attribute rebound
+"""Never stale, round 7: a host callback reached through an attribute rebound
 between runs, and a value a trace got back from a memo (``functools.lru_cache``) filled before
 the trace from a file. Each program runs in fresh processes sharing a store; the reference is
 plain ``jax.jit`` in the same process. Unchanged, the second run loads with no trace.

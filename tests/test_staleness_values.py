@@ -1,5 +1,5 @@
 """Never stale, by construction: values a function reaches through library objects, static
-arguments, lazy imports, patches and hidden state (issue 8's reproducers and more).
+arguments, lazy imports, patches and hidden state (reproducers of stale results, and more).
 
 Each scenario is a function of one program run in fresh processes sharing a store (see
 ``Program`` in ``conftest.py``), called twice per run: through ``kiln.jit`` and through plain

@@ -1,4 +1,4 @@
-"""Code and data a trace uses that the walk once did not reach (issue 33, item 3).
+"""Code and data a trace uses that the walk once did not reach.
 
 Across real processes sharing one store (``Program`` in ``conftest.py``), as in
 ``test_staleness.py``: A compiles, B loads with zero traces, the edits, C returns the NEW

@@ -1,4 +1,4 @@
-"""Static arguments on jax's C++ dispatcher (issue 11, item 3): a cached signature with static
+"""Static arguments on jax's C++ dispatcher: a cached signature with static
 values runs with no kiln Python beyond giving unhashable values (arrays by value) a digest, and
 is never stale: equal-but-different-type values, arrays changed in place, and values kiln
 cannot digest each take the path they must."""

@@ -281,7 +281,7 @@ report()
 @pytest.mark.slow
 def test_globals_and_a_bound_methods_self_across_processes(tmp_path: Any, xp: Any) -> None:
     """A global config object (``argparse.Namespace``, a dataclass instance) and the ``self``
-    of a jitted bound method are keyed by the fields the trace read (issue 42): another start
+    of a jitted bound method are keyed by the fields the trace read: another start
     time or run id hits; a read field changed, or another read set (``use_bias`` reads
     ``bias``), traces again with plain jax.jit's value."""
     prog = xp.Program(tmp_path)

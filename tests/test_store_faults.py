@@ -1,4 +1,4 @@
-"""The local store never crashes a program nor lets another user change its results (issue 9).
+"""The local store never crashes a program nor lets another user change its results.
 
 Real file systems and real processes: a tmpfs remounted read-only or filled to the last byte,
 stray files and directories in the store, a prune looping beside a compiling process, a store

@@ -1,5 +1,5 @@
 """jax's trace context is part of every key: a program traced under one context is never run
-under another (issue 10, item 1: the axis environment gave a wrong result, stored and served
+under another (the axis environment once gave a wrong result, stored and served
 to later processes). The axis sizes of an enclosing vmap / shard_map are spelled out in the key,
 and under such a transformation a kiln.jit function now runs as a nested jax.jit anyway."""
 

@@ -1,4 +1,5 @@
-"""equinox's own ``tests/test_jit.py`` run under the jax.jit swap, cold and warm (issue 34).
+"""equinox's own ``tests/test_jit.py`` run under the jax.jit swap, cold and warm: equinox's
+``filter_jit``, its ``jax.jit`` a ``kiln.jit``, must pass them as on JAX, bar ``differences.txt``.
 
 equinox's tests are not in this repository (nor in its wheel): this script takes them from an
 equinox source, at the tag of the installed equinox, into a folder of their own, and runs

@@ -1,5 +1,6 @@
-"""JAX's own jit tests through kiln: `kiln.jit` in place of `jax.jit` in the test file only
-(issue 22), or the whole file under the jax.jit swap itself, `kiln run --jit` (issue 34).
+"""JAX's own jit tests through kiln: `kiln.jit` in place of `jax.jit` in the test file only,
+or the whole file under the jax.jit swap itself, `kiln run --jit`; both must keep jax.jit's
+results, bar the differences listed in `differences.txt`.
 
 `api_test.py` is JAX's `tests/api_test.py` at tag jax-v0.10.2 (commit
 990e6a0b84138346e6a38785412f36356e0e5dc3), unchanged, under its Apache-2.0 header.
