@@ -150,3 +150,85 @@ def test_hits_and_staleness_through_kiln_jit(kiln_store: Any,
     np.testing.assert_allclose(fields(x), x * 0.5 * 2.0 + 1.0)
     np.testing.assert_allclose(logged(x), x * 5.0)
     assert kiln.stats().traces == 4
+
+
+# ---- what a breaker found: each was a stale hit, or a walk that failed, before its fix
+
+
+def test_a_container_named_by_a_string_is_keyed_whole() -> None:
+    def by_getattr(x: Any) -> Any:
+        return x * getattr(sys.modules[__name__], "CFG").lr
+
+    def by_globals(x: Any) -> Any:
+        return x * globals()["CONFIG"]["scale"]
+
+    assert constant_fields([by_getattr.__code__], "CFG", mapping=False) is None
+    assert constant_fields([by_globals.__code__], "CONFIG", mapping=True) is None
+
+
+SINK: list[Any] = []
+
+
+class _Collecting(logging.Logger):
+    def info(self, msg: object, *args: Any, **kwargs: Any) -> None:  # not logging's own
+        SINK.append(args)
+
+
+_collecting = _Collecting("kiln-test-collecting")
+
+
+def test_only_logging_s_own_log_calls_and_python_s_own_print_drop_a_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def also_by_string(x: Any) -> Any:
+        print("scale", OTHER)
+        return x * globals()["OTHER"]
+
+    def to_a_sink(x: Any) -> Any:
+        print("run", file=SINK)  # type: ignore[arg-type]  # a keyword value is no log text
+        return x
+
+    def overridden(x: Any) -> Any:
+        _collecting.info("run %s", RUN_ID)
+        return x
+
+    def patched(x: Any) -> Any:
+        print("run", RUN_ID)
+        return x
+
+    assert log_only_names(also_by_string) == set()
+    assert log_only_names(to_a_sink) == set()
+    assert log_only_names(overridden) == set()
+    assert log_only_names(patched) == {"RUN_ID"}
+    import builtins
+
+    monkeypatch.setattr(builtins, "print", lambda *a, **k: SINK.append(a))
+    from kiln._keys import _callback_roots
+
+    _callback_roots._log_cache.clear()
+    assert log_only_names(patched) == set()  # a patched print may do anything with it
+    _callback_roots._log_cache.clear()
+
+
+OPT = types.SimpleNamespace(lr=2.0)
+
+
+def _act(v: Any) -> Any:
+    return v * OPT.lr
+
+
+CHAIN = types.SimpleNamespace(fn=_act, run="run-1")
+
+
+def test_a_config_field_leading_to_another_config_is_walked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walking a field of one config met another (the walk failed: "dictionary changed size
+    during iteration", and every run took the verify path)."""
+
+    def f(x: Any) -> Any:
+        return CHAIN.fn(x)
+
+    before = _digest(f)
+    monkeypatch.setattr(CHAIN, "run", "run-2")
+    assert _digest(f) == before
+    monkeypatch.setattr(OPT, "lr", 3.0)
+    assert _digest(f) != before

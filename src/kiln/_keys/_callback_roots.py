@@ -228,10 +228,10 @@ def callback_only_names(fn: types.FunctionType) -> frozenset[str]:
         return frozenset()
     if not made:
         return frozenset()
-    own = set(code.co_names) | set(code.co_freevars) | set(code.co_cellvars)
+    own = set(code.co_names) | set(code.co_freevars) | set(code.co_cellvars) | _strings(code)
     for c in code.co_consts:
         if isinstance(c, types.CodeType) and c not in made:
-            own |= _all_names(c)
+            own |= _all_names(c) | _strings(c)
     names: set[str] = set()
     for c in made:
         names |= _all_names(c)
@@ -285,7 +285,8 @@ _log_cache: dict[tuple[types.CodeType, int], frozenset[str]] = {}
 def log_only_names(fn: types.FunctionType) -> frozenset[str]:
     """The globals whose every load in ``fn``'s code (none in its nested code) is a whole
     argument of a log line or a ``print`` (``logger.info("tracing in run %s", RUN_ID)``,
-    ``logging.warning(...)``, ``print("run", RUN_ID)``): written while tracing, they are not
+    ``logging.warning(...)``, ``print("run", RUN_ID)``; positional arguments only, of
+    ``logging``'s own methods and Python's own ``print``): written while tracing, they are not
     part of the program, and a warm start, which does not trace, writes no such line (a
     documented difference, docs/never-stale.md). Keying them made every warm start miss when
     the name held a run id (issue 42). An argument that is computed (``str(RUN_ID)``,
@@ -311,36 +312,55 @@ def _log_only(fn: types.FunctionType) -> frozenset[str]:
     ins = _instructions(code)
     counts: dict[str, int] = {}
     for j in _log_calls(fn, ins):
-        for name in _bare_global_arguments(ins, j):
+        for name in _bare_global_arguments(ins, j, code.co_consts):
             counts[name] = counts.get(name, 0) + 1
     if not counts:
         return frozenset()
     uses = _uses(code)
-    nested: set[str] = set()
+    nested = _strings(code)  # also read by its name as a string (``globals()["RUN_ID"]``)
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
-            nested |= _all_names(c)
+            nested |= _all_names(c) | _strings(c)
     return frozenset(n for n, k in counts.items() if uses.get(n, 0) == k and n not in nested)
 
 
 def _log_calls(fn: types.FunctionType, ins: list[dis.Instruction]) -> Iterator[int]:
-    """Where the arguments of each call of a logger's (or ``logging``'s) log method or of the
-    builtin ``print`` start."""
+    """Where the arguments of each call of a log method of a logger (its class's method
+    ``logging`` defines, not one a subclass overrides) or of ``logging``, or of the builtin
+    ``print`` as Python defines it (not a patched one), start."""
     for i, op in enumerate(ins):
         if op.opname != "LOAD_GLOBAL":
             continue
         obj = _resolve(fn, op)
         if obj is _MISSING and op.argval == "print":
-            obj = builtins.print
-        if obj is builtins.print:
+            obj = getattr(builtins, "print", None)
+        if obj is _PRINT:
             yield i + 1
         elif (i + 1 < len(ins) and ins[i + 1].opname in _ATTRS
-              and ins[i + 1].argval in _LOG_METHODS
-              and (obj is logging or isinstance(obj, logging.Logger | logging.LoggerAdapter))):
+              and ins[i + 1].argval in _LOG_METHODS and _is_logging(obj, ins[i + 1].argval)):
             yield i + 2
 
 
-def _bare_global_arguments(ins: list[dis.Instruction], j: int) -> list[str]:
+_PRINT = builtins.print  # as at import: a patched print may do anything with what it gets
+
+
+def _is_logging(obj: Any, method: str) -> bool:
+    """``obj.method`` is ``logging``'s own: the module's function, or the method of
+    ``logging.Logger`` / ``LoggerAdapter`` that the object's class does not override."""
+    if obj is logging:
+        return True
+    for base in (logging.Logger, logging.LoggerAdapter):
+        if isinstance(obj, base):
+            return getattr(type(obj), method, None) is getattr(base, method, None)
+    return False
+
+
+def _strings(code: types.CodeType) -> set[str]:
+    return {c for c in code.co_consts if type(c) is str}
+
+
+def _bare_global_arguments(ins: list[dis.Instruction], j: int,
+                           consts: tuple[Any, ...]) -> list[str]:
     """The globals loaded as a whole argument (nothing done to the value until the call) of
     the call whose arguments start at ``ins[j]``."""
     depth, depths, end = 0, [], None
@@ -352,18 +372,24 @@ def _bare_global_arguments(ins: list[dis.Instruction], j: int) -> list[str]:
         if depth < 0:
             end = k
             break
-    if end is None:
-        return []
+    if end is None or ins[end].opname not in ("CALL", "CALL_KW"):
+        return []  # (``*args``, ``**kwargs``: which argument is which is not plain)
     tail = end - 1  # the last instruction before this call's own tail (not a nested call's)
+    kw: tuple[str, ...] = ()
     while tail >= j and ins[tail].opname in ("PRECALL", "KW_NAMES"):
+        if ins[tail].opname == "KW_NAMES":  # (its argument indexes co_consts: 3.11, 3.12)
+            kw = tuple(consts[ins[tail].arg or 0])
         tail -= 1
+    if ins[end].opname == "CALL_KW":
+        kw = tuple(ins[tail].argval)  # (a LOAD_CONST of the names, Python 3.13)
+    positional = (ins[end].arg or 0) - len(kw)  # keyword values (``file=SINK``) do not count
     out = []
     for p in range(j, tail + 1):
         op = ins[p]
         if op.opname != "LOAD_GLOBAL" or op.argrepr.startswith("NULL"):
             continue
         before = depths[p - j - 1] if p > j else 0
-        if depths[p - j] == before + 1 and all(depths[k - j] >= before + 2
-                                               for k in range(p + 1, tail + 1)):
+        if before < positional and depths[p - j] == before + 1 and all(
+                depths[k - j] >= before + 2 for k in range(p + 1, tail + 1)):
             out.append(str(op.argval))
     return out

@@ -43,6 +43,8 @@ def constant_fields(codes: Iterable[types.CodeType], name: str, *,
     way; a code that names it in a way not listed gives None."""
     out: set[str] = set()
     for code in codes:
+        if name in code.co_consts:
+            return None  # named by a string (``getattr(settings, "CFG")``, ``globals()["CFG"]``)
         if name not in code.co_names and name not in code.co_varnames \
                 and name not in code.co_cellvars and name not in code.co_freevars:
             continue

@@ -676,7 +676,7 @@ class Walker:
         """Key the fields of each :meth:`config_global` read by the code walked so far (or
         the whole container); True when that added something."""
         changed = False
-        for name, c in self.configs.items():
+        for name, c in list(self.configs.items()):  # (walking a field may add a config)
             if c.whole:
                 continue
             fields = constant_fields(self.codes, c.gname, mapping=c.mapping)
@@ -774,14 +774,16 @@ class Walker:
         if code not in self.codes:
             # its nested functions (lambdas, local defs) too: their code is in this code's
             # digest, the globals they read in its names, and what they close over in its cells
+            # names that only a host callback or a log line reads are no names the program
+            # reads: neither its globals nor another module's attributes of that name
+            unread = callback_only_names(fn) | log_only_names(fn)
             self.codes |= nested_codes(code)
-            self.names |= code_names(code)
+            self.names |= code_names(code) - unread
             self.add(f"code:{qual}", code_digest(code))
             iterated = iterated_set_constant(code)
             if iterated and not hash_seed_fixed():
                 self.unsound(f"{qual}: {iterated}, in an order that changes with PYTHONHASHSEED")
-            self.globals_of(code, fn.__globals__, qual, callback_roots(fn),
-                            callback_only_names(fn) | log_only_names(fn))
+            self.globals_of(code, fn.__globals__, qual, callback_roots(fn), unread)
         # every function object: two closures of one factory share code, not cells
         self.cells(qual, fn)
 
