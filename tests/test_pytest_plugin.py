@@ -88,12 +88,13 @@ def test_a_broken_entry_never_fails_a_suite_that_makes_warnings_errors(tmp_path)
     """pytest's ``filterwarnings = error`` (common in JAX projects): a bad entry is logged,
     JAX compiles again, the entry is replaced, and every test passes."""
     (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
-    cold, _ = _pytest(tmp_path, "--kiln")
+    # the route alone (--kiln-no-jit): the store holds JAX's two entries, both truncated
+    cold, _ = _pytest(tmp_path, "--kiln", "--kiln-no-jit")
     for path in sorted((tmp_path / "store").rglob("*.kiln"))[:2]:
         path.write_bytes(path.read_bytes()[:100])  # truncated
-    broken, out = _pytest(tmp_path, "--kiln")
+    broken, out = _pytest(tmp_path, "--kiln", "--kiln-no-jit")
     assert broken["compiles"] == 2
-    warm, out = _pytest(tmp_path, "--kiln")
+    warm, out = _pytest(tmp_path, "--kiln", "--kiln-no-jit")
     assert warm["compiles"] == 0  # replaced
 
 
