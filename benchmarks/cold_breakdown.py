@@ -22,16 +22,9 @@ Printed: the median of each over the repetitions.
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
-from _installed import compile_bytecode
+import _harness as bench
 
 CHILD = r'''
 import gc, json, sys, time
@@ -101,32 +94,21 @@ print(json.dumps(out))
 MEASURES = ("gc-default", "gc-relaxed", "fingerprint", "serialize", "jax_put")
 
 
-def run(what: str) -> dict[str, Any]:
-    proc = run_child([sys.executable, "-c", CHILD, what],
-                     env=child_env(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0"), timeout=600)
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+def run(what: str, rep: int) -> dict[str, Any]:
+    env = bench.child_env(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0")
+    return bench.fresh(["-c", CHILD, what], env=env, timeout=600).record()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if args.reps < 1:
-        parser.error("--reps must be >= 1")
-    compile_bytecode()  # as an installed kiln: see benchmarks/_installed.py
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}", flush=True)
-    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MEASURES}
-    for i in range(args.reps):
-        for what in MEASURES:
-            samples[what].append(run(what))
-        print(f"  rep {i + 1}/{args.reps}: " + ", ".join(
-            f"{w} {samples[w][-1]['seconds']:.3f} s" for w in MEASURES), flush=True)
-    med = {w: statistics.median(s["seconds"] for s in samples[w]) for w in MEASURES}
-    freed = {w: statistics.median(s["freed"] for s in samples[w])
-             for w in ("gc-default", "gc-relaxed")}
+    args = bench.begin(bench.options(__doc__, reps=5), argv, installed=True)
+    samples = bench.interleave(MEASURES, args.reps, run, rotate=False,
+                               show=lambda r: f"{r['seconds']:.3f} s")
+    med = bench.medians(samples, "seconds")
+    freed = {w: bench.median(s["freed"] for s in samples[w]) for w in ("gc-default", "gc-relaxed")}
     print()
+    ranges = {w: bench.spread(s["seconds"] for s in rs) for w, rs in samples.items()}
+    print(bench.table(["measure", "median s", "(min-max)"],
+                      [[w, med[w], f"{r['min']:.3f}-{r['max']:.3f}"] for w, r in ranges.items()]))
     print(f"garbage collection in the fit's trace + lowering: {med['gc-default']:.3f} s with "
           f"CPython's thresholds (freed {freed['gc-default']:.0f} objects), "
           f"{med['gc-relaxed']:.3f} s with kiln's (freed {freed['gc-relaxed']:.0f})")
@@ -135,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{med['serialize']:.3f} s")
     print(f"JAX's cache serializing + compressing a small program for a write: "
           f"{med['jax_put']:.3f} s (what kiln's own compiles no longer cause)")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"benchmark": "cold_breakdown", "command": command,
-                                         "samples": samples, "medians_s": med}, indent=2))
+    bench.save(args, {"samples": samples, "medians_s": med})
     return 0
 
 

@@ -12,36 +12,29 @@ XLA (``backend_compile_duration``): the same work in both modes, and on this 2-c
 noisiest part (one mode's trace or compile swings by +-0.5 s between runs). The rest of the
 time to first result ("other": imports, data, running the fit, and in kiln's process the
 fingerprint, key, store, serialization and write) holds what kiln adds. kiln's bytecode is
-compiled first, as ``pip install`` does (``benchmarks/_installed.py``).
+compiled first, as ``pip install`` does (``_harness.compile_bytecode``).
 
 Printed: time to first result per mode (median; ratio of medians and median of per-pair
-ratios, the figure the target is for); the cold tax as ``median(other kiln) - median(other jax)``
-seconds and as a fraction of ``jax.jit``'s median time to first result; the median per-pair
+ratios, the figure the target is for); the cold tax as ``median(other kiln) - median(other
+jax)`` seconds and as a fraction of ``jax.jit``'s median time to first result; the median per-pair
 difference of each phase (kiln traces and lowers with Python's garbage collector relaxed,
 ``kiln/_base/_gc.py``, so its trace phase is shorter than jax.jit's); and the ratio of CPU
 seconds (``time.process_time()``, all threads, at the end of the run), which time stolen by other
 work on the machine does not inflate. Target: <= 1.05x. The fitted parameters must
-be identical in every run.
+be identical in every run. (``--pairs`` is ``--reps``.)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shlex
-import statistics
-import sys
 import tempfile
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
-from _installed import compile_bytecode
+import _harness as bench
 
 TARGET = 1.05
 MODES = ("jax", "kiln")
+FIELDS = ("ttfr_s", "trace", "lower", "compile", "other_s", "cpu_s")
 
 CHILD = r'''
 import time
@@ -75,71 +68,54 @@ print(json.dumps({"ttfr_s": ttfr, "cpu_s": cpu, **phases, "other_s": ttfr - sum(
 '''
 
 
-def run(mode: str, store: str) -> dict[str, Any]:
-    env = child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
-    proc = run_child([sys.executable, "-c", CHILD, mode], env=env)
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+def run(mode: str, tmp: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(dir=tmp) as store:
+        env = bench.child_env(**bench.kiln_store(store), JAX_PLATFORMS="cpu")
+        return bench.fresh(["-c", CHILD, mode], env=env).record()
+
+
+def _shown(r: dict[str, Any]) -> str:
+    return (f"ttfr {r['ttfr_s']:.3f} s (trace {r['trace']:.3f}, lower {r['lower']:.3f}, compile "
+            f"{r['compile']:.3f}, other {r['other_s']:.3f}; CPU {r['cpu_s']:.3f} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=7)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    compile_bytecode()  # as an installed kiln: see benchmarks/_installed.py
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}")
-    vers = {d: metadata.version(d) for d in ("jax", "jaxlib", "jax-kiln", "diffrax", "equinox")}
-    print(", ".join(f"{k} {v}" for k, v in vers.items()) + f"; {os.cpu_count()} CPUs", flush=True)
-
-    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    parser = bench.options(__doc__, reps=7, aliases=("--pairs",))
+    args = bench.begin(parser, argv, dists=("jax", "jaxlib", "jax-kiln", "diffrax", "equinox"),
+                       installed=True)
     with tempfile.TemporaryDirectory(prefix="kiln-cold-tax-") as tmp:
-        for i in range(args.pairs):
-            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-                with tempfile.TemporaryDirectory(dir=tmp) as store:
-                    r = run(mode, store)
-                samples[mode].append(r)
-                print(f"  pair {i + 1}/{args.pairs} {mode:<5} ttfr {r['ttfr_s']:.3f} s "
-                      f"(trace {r['trace']:.3f}, lower {r['lower']:.3f}, compile "
-                      f"{r['compile']:.3f}, other {r['other_s']:.3f}; CPU {r['cpu_s']:.3f} s)",
-                      flush=True)
+        samples = bench.interleave(MODES, args.reps, lambda mode, _: run(mode, tmp), show=_shown)
 
-    def med(mode: str, field: str) -> float:
-        return statistics.median(s[field] for s in samples[mode])
+    med = {f: bench.medians(samples, f) for f in FIELDS}
+    ratio = med["ttfr_s"]["kiln"] / med["ttfr_s"]["jax"]
 
-    ratio = med("kiln", "ttfr_s") / med("jax", "ttfr_s")
-    pairs = statistics.median(k["ttfr_s"] / j["ttfr_s"]
-                              for k, j in zip(samples["kiln"], samples["jax"], strict=True))
-    tax_s = med("kiln", "other_s") - med("jax", "other_s")
-    tax = 1 + tax_s / med("jax", "ttfr_s")
-    cpu = med("kiln", "cpu_s") / med("jax", "cpu_s")
-    cpu_pairs = statistics.median(k["cpu_s"] / j["cpu_s"]
-                                  for k, j in zip(samples["kiln"], samples["jax"], strict=True))
+    def paired(field: str) -> list[float]:
+        return bench.pair_ratios([s[field] for s in samples["kiln"]],
+                                 [s[field] for s in samples["jax"]])
+
+    pairs, cpu_pairs = bench.median(paired("ttfr_s")), bench.median(paired("cpu_s"))
+    tax_s = med["other_s"]["kiln"] - med["other_s"]["jax"]
+    tax = 1 + tax_s / med["ttfr_s"]["jax"]
+    cpu = med["cpu_s"]["kiln"] / med["cpu_s"]["jax"]
     print()
-    for mode in MODES:
-        print(f"{mode:<5} ttfr median {med(mode, 'ttfr_s'):.3f} s; trace {med(mode, 'trace'):.3f}"
-              f", lower {med(mode, 'lower'):.3f}, compile {med(mode, 'compile'):.3f}, other "
-              f"{med(mode, 'other_s'):.3f} s; CPU {med(mode, 'cpu_s'):.3f} s")
+    print(bench.table(["mode (medians, s)", *(f.removesuffix("_s") for f in FIELDS)],
+                      [[m, *(med[f][m] for f in FIELDS)] for m in MODES]))
     print(f"kiln / jax.jit time to first result: {ratio:.3f}x of medians, {pairs:.3f}x median "
           "of pairs (trace and compile noise included)")
     print(f"kiln's own work (other kiln - other jax): {tax_s:.3f} s = {tax:.3f}x of jax.jit's "
           f"time to first result; target <= {TARGET}x: {'met' if tax <= TARGET else 'NOT met'}")
     print(f"kiln / jax.jit CPU seconds: {cpu:.3f}x of medians, {cpu_pairs:.3f}x median of pairs")
-    diffs = {field: statistics.median(k[field] - j[field] for k, j in
-                                      zip(samples["kiln"], samples["jax"], strict=True))
+    diffs = {field: bench.median(k[field] - j[field]
+                                 for k, j in zip(samples["kiln"], samples["jax"], strict=True))
              for field in ("trace", "lower", "compile", "other_s")}
     print("kiln - jax.jit per pair (median), seconds: " + ", ".join(
         f"{field.removesuffix('_s')} {d:+.3f}" for field, d in diffs.items())
         + " (kiln traces and lowers with the garbage collector relaxed: kiln/_base/_gc.py)")
     same = len({json.dumps(s["params"], sort_keys=True) for m in MODES for s in samples[m]}) == 1
     print(f"fitted parameters identical in every run: {same}")
-    if args.json is not None:
-        args.json.write_text(json.dumps({
-            "benchmark": "cold_tax", "command": command, "versions": vers, "samples": samples,
-            "ratio_of_medians": ratio, "median_pair_ratio": pairs, "tax_s": tax_s, "tax": tax,
-            "cpu_ratio_of_medians": cpu, "cpu_median_pair_ratio": cpu_pairs,
-            "median_pair_differences_s": diffs,
-        }, indent=2))
+    bench.save(args, {"samples": samples, "ratio_of_medians": ratio, "median_pair_ratio": pairs,
+                      "tax_s": tax_s, "tax": tax, "cpu_ratio_of_medians": cpu,
+                      "cpu_median_pair_ratio": cpu_pairs, "median_pair_differences_s": diffs})
     return 0 if same else 1
 
 

@@ -5,30 +5,28 @@ Run from the repository root (a few seconds):
 
     PYTHONPATH=src python benchmarks/compile_options_digest.py [--reps 7] [--json out.json]
 
-In one process, microseconds per call (median over ``--reps`` repetitions of 2000 calls):
-JAX building the compile options (``jax._src.compiler.get_compile_options``) and digesting them
-as its cache key does (``cache_key._hash_serialized_compile_options``): what kiln's
-``compile-options`` part costs when made; the config values kiln compares to reuse it; kiln's
-``compile_options_digest`` with nothing changed (reused); all of ``environment_parts()``.
+In one process, microseconds per call (median over ``--reps`` repetitions of 2000 calls, the
+garbage collector off while they run, as ``timeit`` has it): JAX building the compile options
+(``jax._src.compiler.get_compile_options``) and digesting them as its cache key does
+(``cache_key._hash_serialized_compile_options``): what kiln's ``compile-options`` part costs
+when made; the config values kiln compares to reuse it; kiln's ``compile_options_digest`` with
+nothing changed (reused); all of ``environment_parts()``.
 """
 
 from __future__ import annotations
 
-import argparse
+import gc
 import hashlib
-import json
-import shlex
-import statistics
-import sys
-import timeit
+from collections.abc import Callable
+from typing import Any
+
+import _harness as bench
+
+CALLS = 2000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    print("command: python " + shlex.join(sys.argv), flush=True)
+def main(argv: list[str] | None = None) -> int:
+    args = bench.begin(bench.options(__doc__, reps=7), argv)
 
     import jax
     from jax._src import cache_key, compiler
@@ -45,6 +43,13 @@ def main() -> None:
         cache_key._hash_serialized_compile_options(h, options, strip_device_assignment=True)
         return h.hexdigest()
 
+    def timed(fn: Callable[[], Any]) -> float:
+        gc.disable()
+        try:
+            return bench.clock(fn, CALLS)
+        finally:
+            gc.enable()
+
     holders = jax.config._value_holders  # type: ignore[attr-defined]
     figures = {}
     for name, fn in (
@@ -54,13 +59,11 @@ def main() -> None:
         ("environment_parts_us", environment_parts),
     ):
         fn()
-        times = timeit.repeat(fn, number=2000, repeat=args.reps)
-        figures[name] = round(statistics.median(times) / 2000 * 1e6, 1)
-        print(f"{name:>22}: {figures[name]} us", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+        figures[name] = round(bench.median(timed(fn) for _ in range(args.reps)) * 1e6, 1)
+    print(bench.table(["per call", "us"], figures.items()))
+    bench.save(args, figures)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

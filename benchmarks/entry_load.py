@@ -20,7 +20,7 @@ Each process also reports the wall time of its first call (to the blocked result
 warm side adds the store read, digest check, manifest check and first execution. Figures are
 medians over the repetitions; the anchor is the compile time, and the ratio load / compile says
 what share of the compile a warm start still pays. ``KILN_*``, ``JAX_*`` and ``XLA_*``
-variables of the calling environment are removed (``_children.py``), so the user's cache is
+variables of the calling environment are removed (``_harness.py``), so the user's cache is
 never touched.
 """
 
@@ -29,18 +29,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import shlex
-import statistics
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from _children import child_env, run_child
+import _harness as bench
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -111,14 +107,9 @@ def _worker(case: str) -> None:
 
 # -- driver side -------------------------------------------------------------------------------
 def run_worker(case: str, store: str) -> dict[str, Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", case]
-    t0 = time.perf_counter()
-    proc = run_child(cmd, env=child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0"), cwd=REPO)
-    wall = time.perf_counter() - t0
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    out = json.loads(lines[-1])
-    out["process_wall_s"] = wall
-    return out
+    run = bench.fresh([Path(__file__).resolve(), "--worker", case],
+                      env=bench.child_env(**bench.kiln_store(store)), cwd=REPO)
+    return {**run.record(), "process_wall_s": run.wall_s}
 
 
 def entries_size(store: Path) -> tuple[int, int]:
@@ -127,131 +118,67 @@ def entries_size(store: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for dist in ("jax", "jaxlib", "jax-kiln"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+def measure(case: str, rep: int, notes: list[str]) -> dict[str, Any]:
+    """A cold process on an empty store, then a warm one on that store."""
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        cold = run_worker(case, tmp)
+        size, nfiles = entries_size(Path(tmp))
+        warm = run_worker(case, tmp)
+    if cold["compiles"] < 1 or cold["hits"] != 0:
+        notes.append(f"{case} rep {rep}: cold process compiles={cold['compiles']} "
+                     f"hits={cold['hits']}")
+    if warm["compiles"] != 0 or warm["hits"] < 1:
+        notes.append(f"{case} rep {rep}: warm process compiles={warm['compiles']} "
+                     f"hits={warm['hits']} (not a pure load)")
+    return {
+        "compile_s": cold["compile_seconds"], "load_s": warm["load_seconds"],
+        "cold_first_call_s": cold["first_call_s"], "warm_first_call_s": warm["first_call_s"],
+        "cold_process_s": cold["process_wall_s"], "warm_process_s": warm["process_wall_s"],
+        "entry_bytes": size, "entry_files": nfiles, "cold_compiles": cold["compiles"],
+        "warm_hits": warm["hits"], "warm_compiles": warm["compiles"],
+        "device": f"{cold['backend']} ({cold['device']})",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 repetition (smoke test; noisy)")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 5)")
-    parser.add_argument(
-        "--cases",
-        nargs="+",
-        choices=CASES,
-        default=list(CASES),
-        metavar="CASE",
-        help=f"subset of: {', '.join(repr(c) for c in CASES)}",
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser = bench.options(__doc__, reps=5, quick_reps=1)
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES),
+                        metavar="CASE", help=f"subset of: {', '.join(repr(c) for c in CASES)}")
     parser.add_argument("--worker", choices=CASES, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker is not None:
-        _worker(args.worker)
+    if "--worker" in (sys.argv[1:] if argv is None else argv):
+        _worker(parser.parse_args(argv).worker)
         return 0
-    reps = args.reps if args.reps is not None else (1 if args.quick else 5)
-    if reps < 1:
-        parser.error("--reps must be >= 1")
+    args = bench.begin(parser, argv)
+    print(f"median of {args.reps} repetitions; each: a cold process on an empty store, then a "
+          "warm process on that store\n", flush=True)
 
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}")
-    vers = versions()
-    print(", ".join(f"{k} {v}" for k, v in vers.items()) + f"; {os.cpu_count()} CPUs")
-    print(
-        f"median of {reps} repetitions; each: a cold process on an empty store, then a warm "
-        f"process on that store" + ("  [QUICK: 1 rep, figures are noisy]" if args.quick else "")
-    )
-    print(flush=True)
-
-    raw: dict[str, list[dict[str, Any]]] = {c: [] for c in args.cases}
     notes: list[str] = []
-    device = "unknown"
-    for i in range(reps):
-        for case in args.cases:
-            with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
-                cold = run_worker(case, tmp)
-                size, nfiles = entries_size(Path(tmp))
-                warm = run_worker(case, tmp)
-            device = f"{cold['backend']} ({cold['device']})"
-            if cold["compiles"] < 1 or cold["hits"] != 0:
-                notes.append(
-                    f"{case} rep {i}: cold process compiles={cold['compiles']} hits={cold['hits']}"
-                )
-            if warm["compiles"] != 0 or warm["hits"] < 1:
-                notes.append(
-                    f"{case} rep {i}: warm process compiles={warm['compiles']} "
-                    f"hits={warm['hits']} (not a pure load)"
-                )
-            row = {
-                "compile_s": cold["compile_seconds"],
-                "load_s": warm["load_seconds"],
-                "cold_first_call_s": cold["first_call_s"],
-                "warm_first_call_s": warm["first_call_s"],
-                "cold_process_s": cold["process_wall_s"],
-                "warm_process_s": warm["process_wall_s"],
-                "entry_bytes": size,
-                "entry_files": nfiles,
-                "cold_compiles": cold["compiles"],
-                "warm_hits": warm["hits"],
-                "warm_compiles": warm["compiles"],
-            }
-            raw[case].append(row)
-            print(
-                f"  rep {i + 1}/{reps} {case:<24} compile {row['compile_s']:.3f} s, "
-                f"load {row['load_s']:.4f} s, entry {size} B",
-                flush=True,
-            )
-    print(f"device: {device}")
-    print()
-
+    raw = bench.interleave(args.cases, args.reps, lambda c, i: measure(c, i, notes),
+                           rotate=False, label=lambda c: f"{c:<24}",
+                           show=lambda r: f"compile {r['compile_s']:.3f} s, load "
+                                          f"{r['load_s']:.4f} s, entry {r['entry_bytes']} B")
+    device = next(iter(raw.values()))[-1]["device"]
+    print(f"device: {device}\n")
     summary: dict[str, dict[str, float]] = {}
     for case, rows in raw.items():
-        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        med = {k: bench.median(r[k] for r in rows) for k in rows[0] if k != "device"}
         med["load_over_compile"] = med["load_s"] / med["compile_s"]
         med["warm_over_cold_first_call"] = med["warm_first_call_s"] / med["cold_first_call_s"]
         summary[case] = med
-
-    print(
-        f"{'case':<24}{'compile s':>11}{'load s':>10}{'load/compile':>14}{'entry bytes':>13}"
-        f"{'files':>7}{'1st call cold':>15}{'1st call warm':>15}{'warm/cold':>11}"
-    )
-    for case, m in summary.items():
-        print(
-            f"{case:<24}{m['compile_s']:>11.3f}{m['load_s']:>10.4f}"
-            f"{m['load_over_compile']:>13.3f}x{int(m['entry_bytes']):>13}"
-            f"{int(m['entry_files']):>7}{m['cold_first_call_s']:>13.3f} s"
-            f"{m['warm_first_call_s']:>13.3f} s{m['warm_over_cold_first_call']:>10.3f}x"
-        )
+    print(bench.table(
+        ["case", "compile s", "load s", "load/compile", "entry bytes", "files", "1st call cold",
+         "1st call warm", "warm/cold"],
+        [[case, m["compile_s"], f"{m['load_s']:.4f}", f"{m['load_over_compile']:.3f}x",
+          int(m["entry_bytes"]), int(m["entry_files"]), f"{m['cold_first_call_s']:.3f} s",
+          f"{m['warm_first_call_s']:.3f} s", f"{m['warm_over_cold_first_call']:.3f}x"]
+         for case, m in summary.items()]))
     print()
-    print(
-        "compile s = kiln.stats().compile_seconds in the cold process (trace + lower + compile);"
-        " load s = kiln.stats().load_seconds in the warm process (deserialize only);"
-        " 1st call = wall time of the first call to its result."
-    )
+    print("compile s = kiln.stats().compile_seconds in the cold process (trace + lower + compile);"
+          " load s = kiln.stats().load_seconds in the warm process (deserialize only);"
+          " 1st call = wall time of the first call to its result.")
     for note in notes:
         print(f"note: {note}")
-
-    if args.json is not None:
-        payload = {
-            "benchmark": "entry_load",
-            "command": command,
-            "quick": args.quick,
-            "versions": vers,
-            "device": device,
-            "cpus": os.cpu_count(),
-            "reps": reps,
-            "summary": summary,
-            "runs": raw,
-            "notes": notes,
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    bench.save(args, {"device": device, "summary": summary, "runs": raw, "notes": notes})
     return 0 if not notes else 1
 
 

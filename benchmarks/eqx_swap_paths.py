@@ -20,32 +20,23 @@ left out) must equal the plain run's; the script says so.
 
 from __future__ import annotations
 
-import argparse
-import compileall
-import json
 import re
-import shlex
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from _children import run_child
+import _harness as bench
 from real_programs import PROGRAMS, _base_env, _stable
 
 EQX_PROGRAMS = [n for n in PROGRAMS if n.startswith("public_")]
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    proc = run_child([sys.executable, *argv], env=env, cwd=cwd)
-    wall = time.perf_counter() - t0
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
+    proc = bench.fresh(argv, env=env, cwd=cwd)
     summary = [ln for ln in proc.stderr.splitlines() if ln.startswith("kiln: hits:")]
     got = re.search(r"traces: (\d+).*verify path: (\d+)", summary[-1]) if summary else None
-    return {"wall": wall, "result": _stable(json.loads(lines[-1])) if lines else {},
+    return {"wall": proc.wall_s, "result": _stable(proc.payload or {}),
             "traces": int(got.group(1)) if got else None,
             "verify": int(got.group(2)) if got else None,
             "explain": [ln for ln in proc.stderr.splitlines()
@@ -64,15 +55,12 @@ def measure(name: str, trees: list[Path], reps: int, tmp: Path) -> dict[str, Any
                        "KILN_CACHE_DIR": str(tmp / f"{name}-{i}")} | extra
 
     cold = [_run(argv, env(i), tmp) for i in range(len(trees))]
-    warm: list[list[dict[str, Any]]] = [[] for _ in trees]
-    for rep in range(reps):
-        order = range(len(trees)) if rep % 2 == 0 else reversed(range(len(trees)))
-        for i in order:
-            warm[i].append(_run(argv, env(i), tmp))
+    runs = bench.interleave(range(len(trees)), reps, lambda i, _: _run(argv, env(i), tmp))
+    warm = [runs[i] for i in range(len(trees))]
     explained = [_run(argv, env(i, KILN_EXPLAIN="1"), tmp) for i in range(len(trees))]
     runs = [*cold, *(r for rs in warm for r in rs), *explained]
     return {
-        "warm_wall_s": [statistics.median(r["wall"] for r in rs) for rs in warm],
+        "warm_wall_s": [bench.median(r["wall"] for r in rs) for rs in warm],
         "cold_wall_s": [r["wall"] for r in cold],
         "warm_traces": [sorted({r["traces"] for r in rs}) for rs in warm],
         "warm_verify": [sorted({r["verify"] for r in rs}) for rs in warm],
@@ -82,19 +70,14 @@ def measure(name: str, trees: list[Path], reps: int, tmp: Path) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.options(__doc__, reps=3)
     parser.add_argument("--kiln", required=True, help="BEFORE,AFTER: folders holding kiln")
-    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--programs", default=",".join(EQX_PROGRAMS))
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
+    args = bench.begin(parser, argv)
     trees = [Path(p).resolve() for p in args.kiln.split(",")]
-    for tree in trees:  # kiln's bytecode, as an installed copy has it (benchmarks/_installed.py)
-        compileall.compile_dir(tree / "kiln", quiet=1, workers=1)
+    bench.compile_bytecode(tree / "kiln" for tree in trees)  # as an installed kiln has it
     ok = True
-    report: dict[str, Any] = {"trees": [str(t) for t in trees], "reps": args.reps,
-                              "programs": {}}
+    report: dict[str, Any] = {"trees": [str(t) for t in trees], "programs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.programs.split(","):
             r = report["programs"][name] = measure(name, trees, args.reps, Path(tmp))
@@ -111,10 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             for tree, lines in zip(trees, r["explain"], strict=True):
                 for line in lines:
                     print(f"  [{tree}] {line[:300]}")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    bench.save(args, report)
     return 0 if ok else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,19 +17,15 @@ example; the warm fingerprint seconds are that cost (a warm start does nothing e
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
+import _harness as bench
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = ("lotka_volterra", "mlp_digits")
+VARIANTS = ("kiln cold", "kiln warm", "jax cache warm")
 # Runs an example as __main__, then prints kiln's counters as the last line.
 RUNNER = (
     "import json, runpy, sys\n"
@@ -46,52 +42,49 @@ RUNNER = (
 
 
 def run(example: str, jit: str, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-c", RUNNER, str(REPO / "examples" / f"{example}.py"), "--jit", jit]
-    proc = run_child(cmd, env=env, cwd=REPO)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    stats = json.loads(lines[-1][len("KILN-STATS "):])
-    result = json.loads(lines[-2])
-    return {"ttfr": result["time_to_first_result_s"], "stats": stats}
+    proc = bench.fresh(["-c", RUNNER, REPO / "examples" / f"{example}.py", "--jit", jit],
+                       env=env, cwd=REPO, marker="KILN-STATS ")
+    result = bench.last_json(proc.stdout)
+    return {"ttfr": result["time_to_first_result_s"], "stats": proc.payload}
+
+
+def measure(example: str, reps: int, tmp: Path) -> dict[str, Any]:
+    """Per repetition a fresh store: kiln cold, kiln warm on it, then JAX's cache warm (filled
+    by an untimed run first)."""
+    jax_env = bench.child_env(**bench.jax_cache(tmp / f"{example}-jax-cache"))
+    run(example, "jax", jax_env)  # fill JAX's cache (untimed)
+
+    def one(variant: str, rep: int) -> dict[str, Any]:
+        if variant == "jax cache warm":
+            return run(example, "jax", jax_env)
+        return run(example, "kiln", bench.child_env(**bench.kiln_store(tmp / f"{example}-{rep}")))
+
+    runs = bench.interleave(VARIANTS, reps, one, rotate=False, label=lambda v: f"{example} {v}",
+                            show=lambda r: f"ttfr {r['ttfr']:.2f} s, fingerprint "
+                                           f"{r['stats']['fingerprint_seconds']:.4f} s")
+    rows = {"fp_cold": [r["stats"]["fingerprint_seconds"] for r in runs["kiln cold"]],
+            "fp_warm": [r["stats"]["fingerprint_seconds"] for r in runs["kiln warm"]],
+            "ttfr_cold": [r["ttfr"] for r in runs["kiln cold"]],
+            "ttfr_warm": [r["ttfr"] for r in runs["kiln warm"]],
+            "ttfr_jax_cache_warm": [r["ttfr"] for r in runs["jax cache warm"]],
+            "hits_warm": [r["stats"]["hits"] for r in runs["kiln warm"]]}
+    return {"median": {k: bench.median(v) for k, v in rows.items()}, "samples": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 repetition (smoke test; noisy)")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    reps = 1 if args.quick else args.reps
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
+    args = bench.begin(bench.options(__doc__, reps=5, quick_reps=1), argv)
     out: dict[str, Any] = {}
-    for example in EXAMPLES:
-        rows: dict[str, list[float]] = {k: [] for k in (
-            "fp_cold", "fp_warm", "ttfr_cold", "ttfr_warm", "ttfr_jax_cache_warm", "hits_warm")}
-        with tempfile.TemporaryDirectory() as jax_cache:
-            jax_env = child_env(JAX_COMPILATION_CACHE_DIR=jax_cache,
-                                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
-            run(example, "jax", jax_env)  # fill JAX's cache (untimed)
-            for _ in range(reps):
-                with tempfile.TemporaryDirectory() as store:
-                    env = child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0")
-                    cold = run(example, "kiln", env)
-                    warm = run(example, "kiln", env)
-                jax_warm = run(example, "jax", jax_env)
-                rows["fp_cold"].append(cold["stats"]["fingerprint_seconds"])
-                rows["fp_warm"].append(warm["stats"]["fingerprint_seconds"])
-                rows["ttfr_cold"].append(cold["ttfr"])
-                rows["ttfr_warm"].append(warm["ttfr"])
-                rows["ttfr_jax_cache_warm"].append(jax_warm["ttfr"])
-                rows["hits_warm"].append(warm["stats"]["hits"])
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        out[example] = {"median": med, "samples": rows}
-        print(f"{example}: fingerprint {med['fp_cold']:.4f} s cold, {med['fp_warm']:.4f} s warm; "
-              f"first result kiln warm {med['ttfr_warm']:.2f} s, JAX cache warm "
-              f"{med['ttfr_jax_cache_warm']:.2f} s "
-              f"({med['ttfr_warm'] / med['ttfr_jax_cache_warm']:.3f}x), kiln cold "
-              f"{med['ttfr_cold']:.2f} s; warm hits {rows['hits_warm']}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+    with tempfile.TemporaryDirectory() as tmp:
+        for example in EXAMPLES:
+            out[example] = measure(example, args.reps, Path(tmp))
+    print(bench.table(
+        ["example", "fingerprint cold s", "warm s", "ttfr kiln warm s", "JAX cache warm s",
+         "kiln / JAX", "kiln cold s", "warm hits"],
+        [[ex, f"{m['fp_cold']:.4f}", f"{m['fp_warm']:.4f}", m["ttfr_warm"],
+          m["ttfr_jax_cache_warm"], f"{m['ttfr_warm'] / m['ttfr_jax_cache_warm']:.3f}x",
+          m["ttfr_cold"], r["samples"]["hits_warm"]]
+         for ex, r in out.items() for m in [r["median"]]]))
+    bench.save(args, out)
     return 0
 
 

@@ -5,12 +5,12 @@ Run from the repository root (about 8-10 minutes on a 2-core machine; needs ``re
 PATH, redis-py and the ``examples`` extra; ``--quick`` is an end-to-end smoke test, ~3 minutes,
 too few repetitions to quote):
 
-    python benchmarks/fleet.py [--rounds 3] [--json PATH]
+    python benchmarks/fleet.py [--rounds 3] [--quick] [--json PATH]
 
 One ``redis-server`` is started for the run (loopback, free port, no persistence) and stopped at
 the end, also on Ctrl-C / SIGTERM; every store and cache lives in a temporary directory that is
 removed; ``KILN_*``, ``JAX_*`` and ``XLA_*`` variables of the calling environment are dropped
-(``_children.py``). Workers run
+(``_harness.py``). Workers run
 ``kiln_demo.lotka_volterra --jit kiln`` (the Lotka-Volterra fit) via ``runpy`` in fresh
 processes with ``KILN_SIGNING_KEY`` set; each worker has its own empty local directory
 (``KILN_CACHE_DIR``: a separate "host").
@@ -77,7 +77,6 @@ import hashlib
 import json
 import os
 import random
-import shlex
 import shutil
 import signal
 import socket
@@ -87,11 +86,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, start_child
+import _harness as bench
 
 SIGNING_KEY = "fleet-benchmark-secret"
 STAT_FIELDS = ("hits", "misses", "traces", "compiles", "remote_hits", "remote_misses",
@@ -156,12 +154,6 @@ print(json.dumps({"fit_s": result["time_to_first_result_s"], "imports_s": import
 
 
 # -- redis-server (as tests/servers.py starts it) -------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _pings(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
@@ -189,12 +181,13 @@ def redis_server(tmp: Path) -> Iterator[str]:
     if exe is None:
         raise SystemExit("error: redis-server is not on PATH; this benchmark needs it")
     tmp.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = bench.free_port()
     log = tmp / "redis.log"
     with open(log, "wb") as out:
-        proc = start_child([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        proc = bench.start_child([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                             "--appendonly", "no", "--dir", str(tmp)],
-                           stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                                 stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while not _pings(port):
@@ -219,8 +212,8 @@ def flushdb(url: str) -> None:
 
 # -- workers --------------------------------------------------------------------------------
 def worker_env(cache_dir: Path, store: str | None) -> dict[str, str]:
-    return child_env(KILN_CACHE_DIR=str(cache_dir), KILN_SIGNING_KEY=SIGNING_KEY,
-                     KILN_PROGRESS="0", JAX_PLATFORMS="cpu", KILN_STORE=store)
+    return bench.child_env(**bench.kiln_store(cache_dir), KILN_SIGNING_KEY=SIGNING_KEY,
+                           JAX_PLATFORMS="cpu", KILN_STORE=store)
 
 
 _live: list[subprocess.Popen[Any]] = []  # workers running now (killed on the way out)
@@ -239,9 +232,9 @@ def run_workers(n: int, root: Path, store: str | None,
     try:
         for i in range(n):
             with open(root / f"out-{i}", "wb") as out_f, open(root / f"err-{i}", "wb") as err_f:
-                p = start_child([sys.executable, "-c", CHILD, str(barrier), str(n)],
-                                env=worker_env(dirs[i], store), stdin=subprocess.DEVNULL,
-                                stdout=out_f, stderr=err_f)
+                p = bench.start_child([sys.executable, "-c", CHILD, str(barrier), str(n)],
+                                      env=worker_env(dirs[i], store), stdin=subprocess.DEVNULL,
+                                      stdout=out_f, stderr=err_f)
             procs.append(p)
             _live.append(p)
         results = []
@@ -288,45 +281,48 @@ def fleet_summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- part 1 ---------------------------------------------------------------------------------
 def part_fleet(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
-    rounds: list[dict[str, Any]] = []
-    for i in range(args.rounds):
-        rnd: dict[str, Any] = {}
-        flushdb(url)
-        lone = run_workers(1, tmp / f"r{i}-lone", url)[0]
-        rnd["lone"] = {k: lone[k] for k in ("fit_s", "cpu_s", "imports_s", "stats", "params",
-                                            "reasons", "phases")}
-        print(f"  round {i + 1}/{args.rounds} lone cold worker: fit {lone['fit_s']:.2f} s, "
-              f"compiles {lone['stats']['compiles']}, JAX-cache writes "
-              f"{lone['stats']['jax_cache_writes']}", flush=True)
-        flushdb(url)
-        shared = run_workers(args.workers, tmp / f"r{i}-shared", url)
-        rnd["shared"] = fleet_summary(shared)
-        rnd["shared_params"] = [r["params"] for r in shared]
-        rnd["shared_reasons"] = [r["reasons"] for r in shared]
-        s = rnd["shared"]
-        print(f"  round {i + 1}/{args.rounds} {args.workers} workers, one Redis: slowest "
-              f"{s['slowest_fit_s']:.2f} s, compiles {s['total_compiles']} "
-              f"{s['per_worker_compiles']}, hits {s['total_hits']}, lease waits "
-              f"{s['total_lease_waits']}, remote hits {s['total_remote_hits']}", flush=True)
-        if not args.no_reference:
-            alone = run_workers(args.workers, tmp / f"r{i}-nostore", None)
-            rnd["no_store"] = fleet_summary(alone)
-            rnd["no_store_params"] = [r["params"] for r in alone]
-            a = rnd["no_store"]
-            print(f"  round {i + 1}/{args.rounds} {args.workers} workers, no shared store: "
-                  f"slowest {a['slowest_fit_s']:.2f} s, compiles {a['total_compiles']}",
-                  flush=True)
-        for sub in ("lone", "shared", "nostore"):
-            shutil.rmtree(tmp / f"r{i}-{sub}", ignore_errors=True)
-        rounds.append(rnd)
-    return {"rounds": rounds}
+    def fleet(kind: str, i: int) -> dict[str, Any]:
+        """One round's lone cold worker, shared fleet or fleet without a store."""
+        root = tmp / f"r{i}-{kind}"
+        try:
+            if kind == "lone":
+                flushdb(url)
+                lone = run_workers(1, root, url)[0]
+                return {"lone": {k: lone[k] for k in ("fit_s", "cpu_s", "imports_s", "stats",
+                                                      "params", "reasons", "phases")}}
+            if kind == "shared":
+                flushdb(url)
+            workers = run_workers(args.workers, root, url if kind == "shared" else None)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return {kind: fleet_summary(workers), f"{kind}_params": [r["params"] for r in workers],
+                **({"shared_reasons": [r["reasons"] for r in workers]} if kind == "shared"
+                   else {})}
+
+    def shown(r: dict[str, Any]) -> str:
+        if "lone" in r:
+            lone = r["lone"]
+            return (f"fit {lone['fit_s']:.2f} s, compiles {lone['stats']['compiles']}, "
+                    f"JAX-cache writes {lone['stats']['jax_cache_writes']}")
+        s = r.get("shared", r.get("no_store"))
+        return (f"slowest {s['slowest_fit_s']:.2f} s, compiles {s['total_compiles']} "
+                f"{s['per_worker_compiles']}, hits {s['total_hits']}, lease waits "
+                f"{s['total_lease_waits']}, remote hits {s['total_remote_hits']}")
+
+    kinds = ("lone", "shared") if args.no_reference else ("lone", "shared", "no_store")
+    labels = {"lone": "lone cold worker", "shared": f"{args.workers} workers, one Redis",
+              "no_store": f"{args.workers} workers, no shared store"}
+    runs = bench.interleave(kinds, args.reps, fleet, rotate=False, show=shown,
+                            label=labels.__getitem__)
+    return {"rounds": [{k: v for kind in kinds for k, v in runs[kind][i].items()}
+                       for i in range(args.reps)]}
 
 
 # -- part 2 ---------------------------------------------------------------------------------
 def part_remote(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]:
     import kiln
-    from kiln.stores import LocalStore, open_store
     from kiln._base import decode
+    from kiln.stores import LocalStore, open_store
 
     flushdb(url)
     fill = run_workers(1, tmp / "p2-fill", url)[0]
@@ -345,19 +341,20 @@ def part_remote(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]
     print(f"  entry {key[:12]} ({header.get('function')}, {len(blob)} bytes; {len(keys)} keys "
           f"in Redis)", flush=True)
 
-    reads: dict[str, list[dict[str, float]]] = {"local": [], "remote": []}
     stores = {"local": local, "remote": remote}
-    for i in range(args.reads + 1):  # the first round is a warm-up, not kept
-        for name in (("local", "remote") if i % 2 == 0 else ("remote", "local")):
-            t0 = time.perf_counter()
-            got = stores[name].get(key)
-            t1 = time.perf_counter()
-            assert got is not None
-            decode(got, signing_key=SIGNING_KEY)
-            t2 = time.perf_counter()
-            if i:
-                reads[name].append({"get_s": t1 - t0, "decode_s": t2 - t1, "total_s": t2 - t0})
-    read_med = {n: {f: statistics.median(r[f] for r in rows) for f in rows[0]}
+
+    def read(name: str, _: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        got = stores[name].get(key)
+        t1 = time.perf_counter()
+        assert got is not None
+        decode(got, signing_key=SIGNING_KEY)
+        t2 = time.perf_counter()
+        return {"get_s": t1 - t0, "decode_s": t2 - t1, "total_s": t2 - t0}
+
+    # the first round is a warm-up, not kept
+    reads = {n: rs[1:] for n, rs in bench.interleave(tuple(stores), args.reads + 1, read).items()}
+    read_med = {n: {f: bench.median(r[f] for r in rows) for f in rows[0]}
                 for n, rows in reads.items()}
     print(f"  in process, get + decode: local {read_med['local']['total_s'] * 1e3:.2f} ms, "
           f"Redis {read_med['remote']['total_s'] * 1e3:.2f} ms", flush=True)
@@ -365,16 +362,18 @@ def part_remote(args: argparse.Namespace, tmp: Path, url: str) -> dict[str, Any]
     # end to end: a warm local dir (filled by one remote hit, untimed)
     warm_dir = tmp / "p2-warm-host"
     run_workers(1, tmp / "p2-warmup", url, dirs=[warm_dir])
-    e2e: dict[str, list[dict[str, Any]]] = {"remote hit": [], "local hit": []}
-    for i in range(args.e2e_reps):
-        for mode in (("remote hit", "local hit") if i % 2 == 0 else ("local hit", "remote hit")):
-            root = tmp / f"p2-e2e-{i}-{mode.split()[0]}"
-            r = run_workers(1, root, url, dirs=None if mode == "remote hit" else [warm_dir])[0]
-            shutil.rmtree(root, ignore_errors=True)
-            e2e[mode].append({"fit_s": r["fit_s"], "stats": r["stats"], "params": r["params"]})
-            print(f"  e2e rep {i + 1}/{args.e2e_reps} {mode}: fit {r['fit_s']:.3f} s (compiles "
-                  f"{r['stats']['compiles']}, hits {r['stats']['hits']}, remote hits "
-                  f"{r['stats']['remote_hits']})", flush=True)
+
+    def e2e_run(mode: str, i: int) -> dict[str, Any]:
+        root = tmp / f"p2-e2e-{i}-{mode.split()[0]}"
+        r = run_workers(1, root, url, dirs=None if mode == "remote hit" else [warm_dir])[0]
+        shutil.rmtree(root, ignore_errors=True)
+        return {"fit_s": r["fit_s"], "stats": r["stats"], "params": r["params"]}
+
+    e2e = bench.interleave(("remote hit", "local hit"), args.e2e_reps, e2e_run,
+                           label=lambda m: f"e2e {m}",
+                           show=lambda r: f"fit {r['fit_s']:.3f} s (compiles "
+                                          f"{r['stats']['compiles']}, hits {r['stats']['hits']}, "
+                                          f"remote hits {r['stats']['remote_hits']})")
     return {
         "key": key, "entry_bytes": len(blob), "function": header.get("function"),
         "redis_keys": len(keys), "reads": reads, "read_medians": read_med, "e2e": e2e,
@@ -460,63 +459,51 @@ def part_stores(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 
     rng = random.Random(20240611)
-    blocks: dict[str, list[dict[str, Any]]] = {impl.name: [] for impl in impls}
-    for b in range(args.blocks):
-        new = range(base + b * ops, base + (b + 1) * ops)  # fresh keys each block
-        present = list(range(base)) + list(new)
-        draws = [rng.choice(present) for _ in range(ops)]
-        order = impls[b % len(impls):] + impls[:b % len(impls)]
-        for impl in order:
-            m = puts_per[impl.name]
-            keys = [impl.key(i) for i in new]
-            values = [impl.value(k, size) for k in keys]  # made before timing
-            # the evicting cache times only m puts; the rest are put without the scan
-            put_t = []
-            for k, v in zip(keys[:m], values[:m], strict=True):
-                t0 = time.perf_counter()
+    news = [range(base + b * ops, base + (b + 1) * ops) for b in range(args.blocks)]  # fresh keys
+    draws = [[rng.choice([*range(base), *new]) for _ in range(ops)] for new in news]
+    by_name = {impl.name: impl for impl in impls}
+
+    def block(name: str, b: int) -> dict[str, Any]:
+        impl, m = by_name[name], puts_per[name]
+        keys = [impl.key(i) for i in news[b]]
+        values = [impl.value(k, size) for k in keys]  # made before timing
+        # the evicting cache times only m puts; the rest are put without the scan
+        put_t = []
+        for k, v in zip(keys[:m], values[:m], strict=True):
+            t0 = time.perf_counter()
+            impl.put(k, v)
+            put_t.append(time.perf_counter() - t0)
+        cache = getattr(impl, "cache", None)
+        if m < ops and cache is not None:
+            cache._evict_if_needed = lambda **kw: None
+            for k, v in zip(keys[m:], values[m:], strict=True):
                 impl.put(k, v)
-                put_t.append(time.perf_counter() - t0)
-            cache = getattr(impl, "cache", None)
-            if m < ops and cache is not None:
-                cache._evict_if_needed = lambda **kw: None
-                for k, v in zip(keys[m:], values[m:], strict=True):
-                    impl.put(k, v)
-                cache.__dict__.pop("_evict_if_needed", None)
-            get_t = []
-            for i in draws:
-                k = impl.key(i)
-                t0 = time.perf_counter()
-                got = impl.get(k)
-                get_t.append(time.perf_counter() - t0)
-                if got is None:
-                    raise SystemExit(f"error: {impl.name} lost key {k}")
-            for k in keys:
-                impl.delete(k)
-            row = {"puts": len(put_t), "put_us_mean": statistics.fmean(put_t) * 1e6,
-                   "put_us_median": statistics.median(put_t) * 1e6,
-                   "gets": len(get_t), "get_us_mean": statistics.fmean(get_t) * 1e6,
-                   "get_us_median": statistics.median(get_t) * 1e6}
-            blocks[impl.name].append(row)
-            print(f"  block {b + 1}/{args.blocks} {impl.name:<28} put {row['put_us_mean']:>10.1f}"
-                  f" us ({row['puts']}), get {row['get_us_mean']:>8.1f} us ({row['gets']})",
-                  flush=True)
-    summary = {name: {f: statistics.median(r[f] for r in rows) for f in rows[0]}
+            cache.__dict__.pop("_evict_if_needed", None)
+        get_t = []
+        for i in draws[b]:
+            k = impl.key(i)
+            t0 = time.perf_counter()
+            got = impl.get(k)
+            get_t.append(time.perf_counter() - t0)
+            if got is None:
+                raise SystemExit(f"error: {impl.name} lost key {k}")
+        for k in keys:
+            impl.delete(k)
+        return {"puts": len(put_t), "put_us_mean": statistics.fmean(put_t) * 1e6,
+                "put_us_median": bench.median(put_t) * 1e6,
+                "gets": len(get_t), "get_us_mean": statistics.fmean(get_t) * 1e6,
+                "get_us_median": bench.median(get_t) * 1e6}
+
+    blocks = bench.interleave(list(by_name), args.blocks, block, label=lambda n: f"{n:<28}",
+                              show=lambda r: f"put {r['put_us_mean']:>10.1f} us ({r['puts']}), "
+                                             f"get {r['get_us_mean']:>8.1f} us ({r['gets']})")
+    summary = {name: {f: bench.median(r[f] for r in rows) for f in rows[0]}
                for name, rows in blocks.items()}
     return {"entries": n, "ops": ops, "entry_bytes": sizes, "blocks": blocks,
             "summary": summary, "names": [impl.name for impl in impls]}
 
 
 # -- report ---------------------------------------------------------------------------------
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for dist in ("jax", "jaxlib", "jax-kiln", "diffrax", "equinox", "redis"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
 def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], bool]:
     notes: list[str] = []
     ok = True
@@ -526,7 +513,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], bo
     params: list[Any] = []
     if fl:
         rounds = fl["rounds"]
-        med = statistics.median
+        med = bench.median
         lone = med(r["lone"]["fit_s"] for r in rounds)
         print()
         print(f"1. Fleet cold start, Lotka-Volterra fit, {args.workers} workers, medians of "
@@ -608,7 +595,7 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], bo
             print(f"{label:<34}{m['get_s'] * 1e3:>7.2f} ms{m['decode_s'] * 1e3:>7.2f} ms"
                   f"{m['total_s'] * 1e3:>7.2f} ms")
         print(f"remote / local (get + decode): {out['read_remote_over_local']:.2f}x")
-        e2e = {m: statistics.median(r["fit_s"] for r in rows) for m, rows in rm["e2e"].items()}
+        e2e = {m: bench.median(r["fit_s"] for r in rows) for m, rows in rm["e2e"].items()}
         out["e2e_remote_over_local"] = e2e["remote hit"] / e2e["local hit"]
         print(f"fresh process, fit to first result: remote hit (empty local dir) "
               f"{e2e['remote hit']:.3f} s, local hit {e2e['local hit']:.3f} s; remote / local "
@@ -655,11 +642,9 @@ def report(res: dict[str, Any], args: argparse.Namespace) -> tuple[list[str], bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 1 round, 1,000 entries, few reads (figures are noisy)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="fleet rounds (default 3; each ~2 minutes on 2 cores)")
+    # --rounds: fleet rounds, each ~2 minutes on 2 cores; --quick: 1 round, 1,000 entries, few
+    # reads
+    parser = bench.options(__doc__, reps=3, quick_reps=1, aliases=("--rounds",))
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the fleet without a shared store")
@@ -674,10 +659,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=None, help="blocks (default 5)")
     parser.add_argument("--entry-size", type=int, default=4096)
     parser.add_argument("--parts", default="1,2,3", help="which parts to run (default 1,2,3)")
-    parser.add_argument("--json", type=Path, default=None, help="write every figure here")
-    args = parser.parse_args(argv)
+    args = bench.begin(parser, argv, dists=("jax", "jaxlib", "jax-kiln", "diffrax", "equinox",
+                                            "redis"))
     q = args.quick
-    for name, full, quick in (("rounds", 3, 1), ("reads", 25, 5), ("e2e_reps", 5, 1),
+    for name, full, quick in (("reads", 25, 5), ("e2e_reps", 5, 1),
                               ("entries", 10_000, 1_000), ("ops", 1_000, 100),
                               ("evict_puts", 10, 3), ("blocks", 5, 2)):
         if getattr(args, name) is None:
@@ -685,28 +670,21 @@ def main(argv: list[str] | None = None) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if not parts <= {"1", "2", "3"}:
         parser.error("--parts: a comma-separated subset of 1,2,3")
-    if min(args.rounds, args.workers, args.reads, args.e2e_reps, args.blocks,
+    if min(args.workers, args.reads, args.e2e_reps, args.blocks,
            args.evict_puts) < 1 or not 1 <= args.ops < args.entries:
         parser.error("counts must be >= 1 and --ops < --entries")
     args.evict_puts = min(args.evict_puts, args.ops)
 
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}")
-    vers = versions()
-    print(", ".join(f"{k} {v}" for k, v in vers.items()) + f"; {os.cpu_count()} CPUs")
-    print(f"rounds {args.rounds} x (1 lone + {args.workers} shared"
+    print(f"rounds {args.reps} x (1 lone + {args.workers} shared"
           + ("" if args.no_reference else f" + {args.workers} without a store")
           + f" workers); reads {args.reads}; e2e reps {args.e2e_reps}; entries {args.entries}, "
-          f"ops {args.ops}, evicting puts {args.evict_puts}, blocks {args.blocks}"
-          + ("  [QUICK: too few repetitions, figures are noisy]" if q else ""), flush=True)
+          f"ops {args.ops}, evicting puts {args.evict_puts}, blocks {args.blocks}", flush=True)
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
-    res: dict[str, Any] = {"benchmark": "fleet", "command": command, "quick": q,
-                           "versions": vers, "cpus": os.cpu_count(),
-                           "args": {k: (str(v) if isinstance(v, Path) else v)
+    res: dict[str, Any] = {"args": {k: (str(v) if isinstance(v, Path) else v)
                                     for k, v in vars(args).items()}}
     t_start = time.perf_counter()
     try:
@@ -739,9 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}")
     print(f"total time {res['seconds']:.0f} s")
     res["notes"] = notes
-    if args.json is not None:
-        args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")
-        print(f"wrote {args.json}")
+    bench.save(args, res)
     return 0 if ok else 1
 
 

@@ -27,17 +27,12 @@ compile per job; kiln warm <= 0.3x JAX's cache warm (the first call's seconds).
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import socket
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, start_child
+import _harness as bench
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -45,7 +40,8 @@ JOB = r'''
 import time
 T0 = time.perf_counter()
 import json, os, sys
-pid, nproc, port, ndev, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+pid, nproc, port, ndev, mode = sys.argv[1:6]
+pid, nproc, ndev = int(pid), int(nproc), int(ndev)
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -97,8 +93,9 @@ def train_step(params, state, x, y):
 
 
 compiles, cache_hits = [], []
+COMPILE = "/jax/core/compile/backend_compile_duration"
 jax.monitoring.register_event_duration_secs_listener(
-    lambda e, d, **k: compiles.append(d) if e == "/jax/core/compile/backend_compile_duration" else None)
+    lambda e, d, **k: compiles.append(d) if e == COMPILE else None)
 jax.monitoring.register_event_listener(
     lambda e, **k: cache_hits.append(e) if e == "/jax/compilation_cache/cache_hits" else None)
 T1 = time.perf_counter()
@@ -119,24 +116,18 @@ jax.distributed.shutdown()
 MODES = ("jax", "jax_cache_warm", "share_binary", "kiln_cold", "kiln_warm")
 
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_job(script: Path, mode: str, procs: int, devices: int, env: dict[str, str]) -> dict[str, Any]:
-    port = str(_free_port())
-    ps = [start_child([sys.executable, script, str(i), str(procs), port, str(devices), mode],
-                      env=env) for i in range(procs)]
+def run_job(script: Path, mode: str, procs: int, devices: int,
+            env: dict[str, str]) -> dict[str, Any]:
+    port = str(bench.free_port())
+    ps = [bench.start_child([sys.executable, script, str(i), str(procs), port, str(devices), mode],
+                            env=env) for i in range(procs)]
     reports = []
     for p in ps:
         stdout, stderr = p.communicate(timeout=600)
-        lines = [ln for ln in stdout.splitlines() if ln.startswith("JOB ")]
-        if p.returncode != 0 or not lines:
+        report = bench.last_json(stdout, "JOB ")
+        if p.returncode != 0 or report is None:
             raise SystemExit(f"error: {mode} job exited {p.returncode}\n{stderr[-3000:]}")
-        reports.append(json.loads(lines[-1][4:]))
+        reports.append(report)
     losses = {r["loss"] for r in reports}
     return {
         "first_step_s": max(r["first_step_s"] for r in reports),
@@ -149,57 +140,47 @@ def run_job(script: Path, mode: str, procs: int, devices: int, env: dict[str, st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
+    parser = bench.options(__doc__, reps=5)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--share-binary", action="store_true",
                         help="also time jax_share_binary_between_hosts (hung on CPU, jax 0.10.2)")
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
+    args = bench.begin(parser, argv)
     modes = [m for m in MODES if args.share_binary or m != "share_binary"]
-    base = child_env(JAX_PLATFORMS="cpu")
-    rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    base = bench.child_env(JAX_PLATFORMS="cpu")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "job.py"
         script.write_text(JOB)
-        jax_cache = Path(tmp) / "jax-cache"
-        jax_env = base | {"JAX_COMPILATION_CACHE_DIR": str(jax_cache),
-                          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-                          "KILN_JAX_CACHE": "0"}
-        run_job(script, "jax", args.procs, args.devices, jax_env)  # fill JAX's cache (untimed)
-        for rep in range(args.reps):
-            store = Path(tmp) / f"store{rep}"
+        jax_env = base | bench.jax_cache(Path(tmp) / "jax-cache") | {"KILN_JAX_CACHE": "0"}
+        plain_env = base | {"KILN_JAX_CACHE": "0"}
+
+        def job(mode: str, rep: int) -> dict[str, Any]:
             # kiln as installed: its kiln:// route keeps the job's other programs (eager
-            # operations after the first kiln.jit) in the same store
-            kiln_env = base | {"KILN_CACHE_DIR": str(store), "KILN_PROGRESS": "0"}
-            plain_env = base | {"KILN_JAX_CACHE": "0"}
-            for mode, env in (("jax", plain_env), ("jax_cache_warm", jax_env),
-                              ("share_binary", plain_env), ("kiln_cold", kiln_env),
-                              ("kiln_warm", kiln_env)):
-                if mode not in rows:
-                    continue
-                rows[mode].append(run_job(script, mode, args.procs, args.devices, env))
-    med = {m: statistics.median(r["first_step_s"] for r in rows[m]) for m in modes}
-    step = {m: statistics.median(r["step_s"] for r in rows[m]) for m in modes}
+            # operations after the first kiln.jit) in the same store, one per repetition
+            kiln_env = base | bench.kiln_store(Path(tmp) / f"store{rep}")
+            env = {"jax": plain_env, "jax_cache_warm": jax_env, "share_binary": plain_env}
+            return run_job(script, mode, args.procs, args.devices, env.get(mode, kiln_env))
+
+        run_job(script, "jax", args.procs, args.devices, jax_env)  # fill JAX's cache (untimed)
+        # (in order: kiln_warm reads the store kiln_cold filled)
+        rows = bench.interleave(modes, args.reps, job, rotate=False,
+                                show=lambda r: f"first step {r['first_step_s']:.2f} s, "
+                                               f"compiles {r['compiles']}")
+    med = bench.medians(rows, "first_step_s")
+    step = bench.medians(rows, "step_s")
     out = {"median_first_step_s": med, "median_step_s": step, "runs": rows,
            "kiln_warm_over_jax_cache_warm": med["kiln_warm"] / med["jax_cache_warm"],
            "step_kiln_warm_over_jax_cache_warm": step["kiln_warm"] / step["jax_cache_warm"]}
-    for m in modes:
-        compiles = [r["compiles"] for r in rows[m]]
-        agree = all(r["losses_agree"] for r in rows[m])
-        print(f"{m:15s} first step (slowest process) {med[m]:.2f} s from start, "
-              f"{step[m]:.3f} s for the call; compiles per job {compiles}; losses agree across "
-              f"processes: {agree}; loss {rows[m][0]['loss']:.6f}", flush=True)
+    print(bench.table(
+        ["mode", "first step s (slowest, from start)", "first call s", "compiles per job",
+         "losses agree", "loss"],
+        [[m, med[m], step[m], [r["compiles"] for r in rows[m]],
+          all(r["losses_agree"] for r in rows[m]), f"{rows[m][0]['loss']:.6f}"] for m in modes]))
     print(f"kiln warm / JAX cache warm: {out['kiln_warm_over_jax_cache_warm']:.3f}x from start, "
           f"{out['step_kiln_warm_over_jax_cache_warm']:.3f}x for the first call; kiln cold / "
           f"jax.jit: {med['kiln_cold'] / med['jax']:.3f}x", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+    bench.save(args, out)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

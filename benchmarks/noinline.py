@@ -3,28 +3,23 @@ sub-function: ``kiln.noinline`` vs plain ``jax.jit`` (inlined) vs ``equinox.inte
 
 Run from the repository root (about 12 minutes; ``--quick`` for a noisy smoke test):
 
-    python benchmarks/noinline.py [--quick] [--json PATH]
+    python benchmarks/noinline.py [--quick] [--reps 7] [--json PATH]
     python benchmarks/noinline.py --per-site   # where the extra time per call site goes
 
 The sub-function is a 20-layer tanh MLP step on float32[64]; the outer program calls it N times
 in sequence (N = 1, 4, 16, 64). Each measurement runs in a fresh process with an empty kiln store
 (so kiln's figure includes compiling the sub-function once); "compile" is the wall time of the
 first call (trace + lower + compile + run), "run" the median per-call time of the compiled
-outer program afterwards. Median of 7 processes per point; each round runs every mode and N
-once, so drift in machine load hits all points alike, and the N=64 / N=1 ratio is also given
-per round (paired).
+outer program afterwards. Median of ``--reps`` (7) processes per point; each round runs every
+mode and N once, so drift in machine load hits all points alike, and the N=64 / N=1 ratio is
+also given per round (paired).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import statistics
-import sys
 import tempfile
 
-from _children import child_env, run_child
+import _harness as bench
 
 WORKER = r'''
 import json, sys, time
@@ -143,103 +138,85 @@ def per_site() -> None:
     already compiled), trace / lower / compile / first run of the N=1 and N=64 programs,
     median of 7, and the difference per extra call site."""
     with tempfile.TemporaryDirectory() as d:
-        out = run_child([sys.executable, "-c", PER_SITE], env=child_env(KILN_CACHE_DIR=d),
-                        timeout=600)
-    med = json.loads(out.stdout.strip().splitlines()[-1])
-    print("\nper call site, one warm process (sub-function compiled; median of 7):")
-    print(f"{'':>14} {'trace':>8} {'lower':>8} {'compile':>8} {'run 1':>8}")
-    for n in ("1", "64"):
-        print(f"{'N=' + n:>14}" + "".join(f" {v * 1e3:>6.1f}ms" for v in med[n]))
+        env = bench.child_env(KILN_CACHE_DIR=d)
+        med = bench.fresh(["-c", PER_SITE], env=env, timeout=600).payload
+    print("\nper call site, one warm process (sub-function compiled; median of 7), ms:")
     extra = [(b - a) / 63 for a, b in zip(med["1"], med["64"], strict=True)]
-    print(f"{'per extra site':>14}" + "".join(f" {v * 1e6:>6.0f}us" for v in extra))
+    rows = [["N=1", *med["1"]], ["N=64", *med["64"]], ["per extra site", *extra]]
+    print(bench.table(["", "trace", "lower", "compile", "run 1"],
+                      [[name, *(v * 1e3 for v in row)] for name, *row in rows]))
     print(f"all 63 extra sites: {sum(extra) * 63 * 1e3:.1f} ms")
 
 
-def run_once(mode: str, n: int) -> dict[str, float]:
+def run_once(point: tuple[str, int], rep: int) -> dict[str, float]:
     """One fresh process with an empty store: the worker's record."""
+    mode, n = point
     with tempfile.TemporaryDirectory() as d:
-        out = run_child([sys.executable, "-c", WORKER, mode, str(n)],
-                        env=child_env(KILN_CACHE_DIR=d), timeout=600)
-    rec: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
-    return rec
-
-
-def _med(recs: list[dict[str, float]], key: str) -> float:
-    return statistics.median(r[key] for r in recs)
+        return bench.fresh(["-c", WORKER, mode, str(n)], env=bench.child_env(KILN_CACHE_DIR=d),
+                           timeout=600).record()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", metavar="PATH")
+    parser = bench.options(__doc__, reps=7, quick_reps=1)
     parser.add_argument("--per-site", action="store_true",
                         help="only the per-call-site breakdown (one warm process)")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]))
+    args = bench.begin(parser, argv)
     if args.per_site:
         per_site()
         return 0
-    reps = 1 if args.quick else 7
+    reps = args.reps
     sites = [1, 4, 16] if args.quick else [1, 4, 16, 64]
     modes = ("jax", "kiln", "equinox")
-    recs: dict[str, dict[int, list[dict[str, float]]]] = {
-        m: {n: [] for n in [*sites]} for m in (*modes, "kiln-tier")
-    }
     # every mode and N in each round, so drift in machine load hits them all alike (a ratio
     # of two points measured minutes apart swung by 0.15 on this machine)
-    for rep in range(reps):
-        for mode in (*modes, "kiln-tier"):
-            for n in sites:
-                rec = run_once(mode, n)
-                recs[mode][n].append(rec)
-                print(f"  [{rep + 1}/{reps}] {mode:9s} N={n:3d}: first call"
-                      f" {rec['first_s']:7.3f} s, run {rec['run_s'] * 1e6:9.1f} us", flush=True)
-    results = {m: {n: (_med(recs[m][n], "first_s"), _med(recs[m][n], "run_s")) for n in sites}
-               for m in modes}
+    points = [(m, n) for m in (*modes, "kiln-tier") for n in sites]
+    runs = bench.interleave(points, reps, run_once, rotate=False,
+                            label=lambda p: f"{p[0]:9s} N={p[1]:3d}",
+                            show=lambda r: f"first call {r['first_s']:7.3f} s, "
+                                           f"run {r['run_s'] * 1e6:9.1f} us")
+    recs = {m: {n: runs[(m, n)] for n in sites} for m in (*modes, "kiln-tier")}
+    results = {m: {n: (bench.median(r["first_s"] for r in recs[m][n]),
+                       bench.median(r["run_s"] for r in recs[m][n])) for n in sites} for m in modes}
     print(f"\nmedian of {reps} fresh processes per point")
-    print(f"{'N':>4} {'jax.jit first':>14} {'kiln first':>11} {'eqx first':>10}"
-          f" {'jax run':>10} {'kiln run':>10} {'eqx run':>10}")
-    for n in sites:
-        j, k, e = results["jax"][n], results["kiln"][n], results["equinox"][n]
-        print(f"{n:>4} {j[0]:>13.3f}s {k[0]:>10.3f}s {e[0]:>9.3f}s"
-              f" {j[1] * 1e6:>8.1f}us {k[1] * 1e6:>8.1f}us {e[1] * 1e6:>8.1f}us")
+    print(bench.table(["N", "jax.jit first s", "kiln first s", "eqx first s", "jax run us",
+                       "kiln run us", "eqx run us"],
+                      [[n, *(results[m][n][0] for m in modes),
+                        *(f"{results[m][n][1] * 1e6:.1f}" for m in modes)] for n in sites]))
     top = sites[-1]
     for mode in ("kiln", "equinox", "jax"):
-        paired = [hi["first_s"] / lo["first_s"]
-                  for lo, hi in zip(recs[mode][1], recs[mode][top], strict=True)]
+        paired = bench.pair_ratios([r["first_s"] for r in recs[mode][top]],
+                                   [r["first_s"] for r in recs[mode][1]])
         target = " (target <= 1.2x)" if mode == "kiln" else ""
         print(f"{mode} first call N={top} / N=1: "
               f"{results[mode][top][0] / results[mode][1][0]:.2f}x of medians{target};"
               f" per round {', '.join(f'{r:.2f}' for r in paired)}"
-              f" (median {statistics.median(paired):.2f}x)")
+              f" (median {bench.median(paired):.2f}x)")
     kiln_rt = results["kiln"][top][1] / results["jax"][top][1]
     eqx_rt = results["equinox"][top][1] / results["jax"][top][1]
     print(f"runtime at N={top}: kiln / jax.jit {kiln_rt:.1f}x, equinox / jax.jit {eqx_rt:.1f}x")
     print("\ntier-up (kiln.jit outer calling the noinline function; first result not inlined,")
-    print("inlined program compiled in the background, then swapped in):")
-    print(f"{'N':>4} {'first':>8} {'ready':>8} {'jax run':>10} {'before':>10} {'after':>10}"
-          f" {'before/jax':>10} {'after/jax':>9}")
-    print("(jax run, after: medians in the kiln process after tier-up, interleaved)")
+    print("inlined program compiled in the background, then swapped in; jax run, after: medians")
+    print("in the kiln process after tier-up, interleaved):")
     tier: dict[int, dict[str, float]] = {}
     for n in sites:
         rs = recs["kiln-tier"][n]
-        jax_run, before = _med(rs, "jax_here_s"), _med(rs, "before_s")
-        ratios = [r["run_s"] / r["jax_here_s"] for r in rs]
-        tier[n] = {"first_s": _med(rs, "first_s"), "tier_up_s": _med(rs, "tier_up_s"),
-                   "before_s": before, "after_s": _med(rs, "run_s"), "jax_here_s": jax_run,
-                   "after_over_jax": statistics.median(ratios)}
-        t = tier[n]
-        print(f"{n:>4} {t['first_s']:>7.3f}s {t['tier_up_s']:>7.3f}s {jax_run * 1e6:>8.1f}us"
-              f" {before * 1e6:>8.1f}us {t['after_s'] * 1e6:>8.1f}us {before / jax_run:>9.1f}x"
-              f" {t['after_over_jax']:>8.2f}x", flush=True)
+        tier[n] = {f: bench.median(r[f] for r in rs)
+                   for f in ("first_s", "tier_up_s", "before_s", "jax_here_s")}
+        tier[n]["after_s"] = bench.median(r["run_s"] for r in rs)
+        tier[n]["after_over_jax"] = bench.median(bench.pair_ratios(
+            [r["run_s"] for r in rs], [r["jax_here_s"] for r in rs]))
+    print(bench.table(["N", "first s", "ready s", "jax run us", "before us", "after us",
+                       "before/jax", "after/jax"],
+                      [[n, t["first_s"], t["tier_up_s"], f"{t['jax_here_s'] * 1e6:.1f}",
+                        f"{t['before_s'] * 1e6:.1f}", f"{t['after_s'] * 1e6:.1f}",
+                        f"{t['before_s'] / t['jax_here_s']:.1f}x", f"{t['after_over_jax']:.2f}x"]
+                       for n, t in tier.items()]))
     print(f"steady state after tier-up at N={top}: {tier[top]['after_over_jax']:.2f}x jax.jit"
           " (median of per-process ratios; target <= 1.05x)")
     print("(N=1: kiln compiles the inlined program directly, with no callback tier: 'before'"
           " is already inlined)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"records": {m: {str(n): v for n, v in r.items()} for m, r in recs.items()},
-                       "kiln-tier": {str(n): v for n, v in tier.items()}}, f)
+    bench.save(args, {"records": {m: {str(n): v for n, v in r.items()} for m, r in recs.items()},
+                      "kiln-tier": {str(n): v for n, v in tier.items()}})
     return 0
 
 

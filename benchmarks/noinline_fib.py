@@ -4,7 +4,7 @@
 
 Run from the repository root (about 7 minutes; ``--quick`` for a noisy smoke test):
 
-    python benchmarks/noinline_fib.py [--quick] [--json PATH]
+    python benchmarks/noinline_fib.py [--quick] [--reps 5] [--json PATH]
 
 The function is ``fib(x, t) = x if t < 2 else fib(x, t - 1) + fib(x, t - 2)`` on float32[3] with
 ``t`` static, called from a ``jax.jit`` outer program ``lambda x: fib(x, t=T)``:
@@ -25,21 +25,17 @@ The function is ``fib(x, t) = x if t < 2 else fib(x, t - 1) + fib(x, t - 2)`` on
 
 "xla" columns count XLA backend compiles and their seconds (``jax.monitoring`` events), the same
 measure for all three. Each measurement runs in a fresh process with an empty kiln store; median
-of REPS processes per point. jax points stop growing t once one takes more than 60 s to compile.
+of ``--reps`` (5) processes per point. jax points stop growing t once one takes more than 60 s to
+compile.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-from _children import child_env, run_child
+import _harness as bench
 
 WORKER = r'''
 import json, sys, time
@@ -125,21 +121,21 @@ def measure(mode: str, t: int, reps: int) -> dict[str, float] | str:
     for _ in range(reps):
         with tempfile.TemporaryDirectory() as d:
             try:
-                out = run_child([sys.executable, "-c", WORKER, mode, str(t)],
-                                env=child_env(KILN_CACHE_DIR=d), timeout=600, check=False)
+                out = bench.fresh(["-c", WORKER, mode, str(t)],
+                                  env=bench.child_env(KILN_CACHE_DIR=d), timeout=600, check=False)
             except subprocess.TimeoutExpired:
                 return "timed out (600 s)"
             if out.returncode != 0:
                 last = (out.stderr.strip().splitlines() or ["?"])[-1]
                 return f"failed: {last[:120]}"
-            rec = json.loads(out.stdout.strip().splitlines()[-1])
+            rec = out.payload
         want = [reference(t) * v for v in (1.0, 2.0, 3.0)]
         if rec.pop("value") != want:
             return f"wrong value (want {want})"
         recs.append(rec)
         if mode == "jax" and rec["lower_s"] + rec["compile_s"] > JAX_LIMIT_S:
             break  # one such process is figure enough
-    return {k: statistics.median(r[k] for r in recs) for k in recs[0]}
+    return {k: bench.median(r[k] for r in recs) for k in recs[0]}
 
 
 def describe(mode: str, t: int, r: dict[str, float] | str) -> str:
@@ -156,13 +152,9 @@ def describe(mode: str, t: int, r: dict[str, float] | str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", metavar="PATH")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]))
+    args = bench.begin(bench.options(__doc__, reps=5, quick_reps=1), argv)
     start = time.perf_counter()
-    reps = 1 if args.quick else 5
+    reps = args.reps
     ts = [4, 8] if args.quick else [4, 8, 12, 16, 20]
     # jax alone goes further: its runtime stays tiny, while kiln's and equinox's (one host
     # round trip per call: 150,049 at t=24) would dominate the run
@@ -197,11 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             ("kiln run", "kiln", "run_s"), ("eqx xla", "equinox", "xla_s"),
             ("eqx n", "equinox", "xla_compiles"), ("eqx 1st", "equinox", "first_s"),
             ("eqx run", "equinox", "run_s")]
-    print(f"{'t':>3} " + " ".join(f"{name:>9}" for name, _, _ in cols) + f" {'trips':>7}")
-    for t in jax_ts:
-        row = [cell(mode, t, key, fmt="{:.0f}" if key.endswith("compiles") else "{:.3f}")
-               for _, mode, key in cols]
-        print(f"{t:>3} " + " ".join(f"{c:>9}" for c in row) + f" {2 * reference(t) - 1:>7}")
+    print(bench.table(["t", *(name for name, _, _ in cols), "trips"], [
+        [t, *(cell(mode, t, key, fmt="{:.0f}" if key.endswith("compiles") else "{:.3f}")
+              for _, mode, key in cols), 2 * reference(t) - 1] for t in jax_ts]))
 
     kiln_ok = {t: r for t, r in results["kiln"].items() if not isinstance(r, str)}
     if kiln_ok:
@@ -234,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{kiln_ok[top]['compile_s']:.2f} s (kiln first call, with its exponential "
                   f"run: {kiln_ok[top]['first_s']:.2f} s)")
     print(f"\ntotal wall time of this benchmark: {time.perf_counter() - start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({m: {str(t): v for t, v in r.items()} for m, r in results.items()}, f)
+    bench.save(args, {m: {str(t): v for t, v in r.items()} for m, r in results.items()})
     return 0
 
 

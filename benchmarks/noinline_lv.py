@@ -42,16 +42,11 @@ process: where the cold time goes. One row compiles the fit at XLA's lowest opti
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
+import _harness as bench
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("jax", "kiln", "kiln tier_up=0", "jax+noinline", "equinox", "jax stub")
@@ -223,84 +218,67 @@ BREAKDOWN_ROWS = (
 )
 
 
-def _env(store: str, **extra: str) -> dict[str, str]:
-    return child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0", **extra)
-
-
-def _python(source: str, args: list[str], env: dict[str, str]) -> str:
+def _python(source: str, args: list[str], store: str, **extra: str) -> bench.Fresh:
     code = f"EXAMPLES = {str(REPO / 'examples')!r}\n" + source
-    return run_child([sys.executable, "-c", code, *args], env=env, cwd=REPO).stdout
+    env = bench.child_env(**bench.kiln_store(store), **extra)
+    return bench.fresh(["-c", code, *args], env=env, cwd=REPO)
 
 
-def measure(mode: str) -> dict[str, Any]:
+def measure(mode: str, rep: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as store:
         extra = {"KILN_TIER_UP": "0"} if mode == "kiln tier_up=0" else {}
-        out = _python(WORKER, [mode], _env(store, **extra))
-    return json.loads(out.strip().splitlines()[-1])
+        return {"mode": mode, **_python(WORKER, [mode], store, **extra).record()}
 
 
-def _median(recs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in recs)
+def _shown(mode: str, rec: dict[str, Any]) -> str:
+    extra = ""
+    if mode == "kiln":
+        extra = (f", tier-up done {rec['tier_up_s']:6.2f} s (tier_ups={rec['tier_ups']}),"
+                 f" jax.jit run here {rec['anchor_run_s'] * 1e3:.1f} ms")
+    trips = "n/a" if mode == "equinox" else (
+        f"{rec['noinline_calls']} (later calls: {rec['later_noinline_calls']})")
+    return (f"first {rec['first_s']:6.2f} s{extra}, run {rec['run_s'] * 1e3:8.1f} ms, bfgs steps "
+            f"{rec['bfgs_steps']}, loss {rec['loss']:.7f}, kiln host round trips {trips}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--reps", type=int, default=5)
+    parser = bench.options(__doc__, reps=5, quick_reps=1)
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--breakdown-only", action="store_true")
-    parser.add_argument("--json", metavar="PATH")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]))
-    reps = 1 if args.quick else args.reps
-    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    args = bench.begin(parser, argv)
+    reps = 0 if args.breakdown_only else args.reps
     # modes interleaved, so drift in machine load hits all alike
-    for rep in range(0 if args.breakdown_only else reps):
-        for mode in MODES:
-            rec = measure(mode)
-            results[mode].append(rec)
-            extra = ""
-            if mode == "kiln":
-                extra = (f", tier-up done {rec['tier_up_s']:6.2f} s (tier_ups={rec['tier_ups']}),"
-                         f" jax.jit run here {rec['anchor_run_s'] * 1e3:.1f} ms")
-            trips = "n/a" if mode == "equinox" else (
-                f"{rec['noinline_calls']} (later calls: {rec['later_noinline_calls']})")
-            print(f"  [{rep + 1}/{reps}] {mode:15s} first {rec['first_s']:6.2f} s{extra},"
-                  f" run {rec['run_s'] * 1e3:8.1f} ms, bfgs steps {rec['bfgs_steps']},"
-                  f" loss {rec['loss']:.7f}, kiln host round trips {trips}", flush=True)
+    results = bench.interleave(MODES, reps, measure, rotate=False, label=lambda m: f"{m:15s}",
+                               show=lambda r: _shown(r["mode"], r))
 
     if not args.breakdown_only:
+        med = {f: bench.medians(results, f) for f in ("imports_s", "first_s", "run_s",
+                                                        "bfgs_steps", "noinline_calls")}
         print(f"\nmedian of {reps} fresh processes per mode (empty store each)")
-        print(f"{'mode':15s} {'imports':>8} {'first':>8} {'tier-up':>8} {'run':>10}"
-              f" {'steps':>6} {'round trips':>12}")
-        for mode in MODES:
-            recs = results[mode]
-            tier = f"{_median(recs, 'tier_up_s'):7.2f}s" if mode == "kiln" else f"{'-':>8}"
-            trips = "n/a" if mode == "equinox" else str(int(_median(recs, "noinline_calls")))
-            print(f"{mode:15s} {_median(recs, 'imports_s'):7.2f}s {_median(recs, 'first_s'):7.2f}s"
-                  f" {tier} {_median(recs, 'run_s') * 1e3:8.1f}ms"
-                  f" {int(_median(recs, 'bfgs_steps')):6d} {trips:>12}")
-
-        jax_first, jax_run = _median(results["jax"], "first_s"), _median(results["jax"], "run_s")
+        print(bench.table(["mode", "imports s", "first s", "tier-up s", "run ms", "steps",
+                           "round trips"], [
+            [m, med["imports_s"][m], med["first_s"][m],
+             bench.median(r["tier_up_s"] for r in results[m]) if m == "kiln" else None,
+             f"{med['run_s'][m] * 1e3:.1f}", int(med["bfgs_steps"][m]),
+             "n/a" if m == "equinox" else int(med["noinline_calls"][m])] for m in MODES]))
+        first = bench.ratios(med["first_s"], "jax")
         kiln = results["kiln"]
         print()
-        print(f"kiln first result / jax.jit first result: "
-              f"{_median(kiln, 'first_s') / jax_first:.2f} (target <= {TARGET_FIRST})")
-        tier_up = _median(kiln, "tier_up_s") / jax_first
+        print(f"kiln first result / jax.jit first result: {first['kiln']:.2f} (target <= "
+              f"{TARGET_FIRST})")
+        tier_up = bench.median(r["tier_up_s"] for r in kiln) / med["first_s"]["jax"]
         print(f"kiln tier-up done / jax.jit first result: {tier_up:.2f}")
         for mode in ("jax+noinline", "equinox", "jax stub"):
-            print(f"{mode} first result / jax.jit first result: "
-                  f"{_median(results[mode], 'first_s') / jax_first:.2f}")
-        ratios = [r["run_s"] / r["anchor_run_s"] for r in kiln]
+            print(f"{mode} first result / jax.jit first result: {first[mode]:.2f}")
+        steady = bench.pair_ratios([r["run_s"] for r in kiln], [r["anchor_run_s"] for r in kiln])
         print(f"kiln run after tier-up / jax.jit run, same process, interleaved: "
-              f"{statistics.median(ratios):.2f} (target <= {TARGET_STEADY}; per process: "
-              f"{', '.join(f'{x:.2f}' for x in ratios)})")
-        print(f"kiln run after tier-up / jax.jit run, separate processes: "
-              f"{_median(kiln, 'run_s') / jax_run:.2f}")
+              f"{bench.median(steady):.2f} (target <= {TARGET_STEADY}; per process: "
+              f"{', '.join(f'{x:.2f}' for x in steady)})")
+        run = bench.ratios(med["run_s"], "jax")
+        print(f"kiln run after tier-up / jax.jit run, separate processes: {run['kiln']:.2f}")
         print(f"kiln run before tier-up (KILN_TIER_UP=0) / jax.jit run: "
-              f"{_median(results['kiln tier_up=0'], 'run_s') / jax_run:.1f}")
-        tier_ups = sorted({r["tier_ups"] for r in kiln})
-        print(f"kiln tier_ups per process: {tier_ups}")
+              f"{run['kiln tier_up=0']:.1f}")
+        print(f"kiln tier_ups per process: {sorted({r['tier_ups'] for r in kiln})}")
 
     if not args.no_breakdown:
         print("\nwhere the cold time goes (each row a fresh process, empty store; seconds; "
@@ -310,11 +288,9 @@ def main(argv: list[str] | None = None) -> int:
               f" {'sub':>4} {'sub_s':>6} {'calls':>8}")
         for row in BREAKDOWN_ROWS:
             with tempfile.TemporaryDirectory() as store:
-                print(_python(BREAKDOWN, [row], _env(store)), end="", flush=True)
+                print(_python(BREAKDOWN, [row], store).stdout, end="", flush=True)
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    bench.save(args, results)
     return 0
 
 

@@ -2,11 +2,11 @@
 
 Run from the repository root (about a minute):
 
-    python benchmarks/noinline_mechanisms.py [--json PATH]
+    python benchmarks/noinline_mechanisms.py [--reps 7] [--json PATH]
 
 A tiny sub-function (``tanh(x * 1.01 + 0.1)`` on float32[64]) is called at N = 16 sites in
 sequence, by each mechanism; the price per call is ``(time - time of the inlined program) / 16``
-(median of 7 repetitions of 200 calls each, one process). Mechanisms:
+(median of ``--reps`` (7) repetitions of 200 calls each, one process). Mechanisms:
 
 - ``inlined``: plain ``jax.jit`` (XLA inlines the sub-function: the anchor, price 0);
 - ``kiln host callback``: ``kiln.noinline`` under ``jax.jit`` (``mlir.emit_python_callback``
@@ -21,22 +21,14 @@ sequence, by each mechanism; the price per call is ``(time - time of the inlined
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
-import statistics
-import sys
+import os
 import tempfile
-import time
+
+import _harness as bench
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="PATH")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]))
-    import os
-
+    args = bench.begin(bench.options(__doc__, reps=7), argv)
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp()
     import equinox.internal as eqxi
     import jax
@@ -85,27 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     kiln.wait_for_tier_up()
     assert kiln.stats().tier_ups == 1
 
-    def per_call(f):
-        reps = []
-        for _ in range(7):
-            t0 = time.perf_counter()
+    def calls(f):  # 200 calls in a row, then their last result ready
+        def run():
             for _ in range(200):
                 y = f(x)
             jax.block_until_ready(y)
-            reps.append((time.perf_counter() - t0) / 200)
-        return statistics.median(reps)
+        return run
 
-    times = {name: per_call(f) for name, f in programs.items()}
+    times = {name: bench.median(bench.clock(calls(f)) / 200 for _ in range(args.reps))
+             for name, f in programs.items()}
     base = times["inlined"]
-    print(f"\n{'mechanism':20s} {'program (16 calls)':>19s} {'price per call':>15s}")
-    out = {}
-    for name, t in times.items():
-        price = (t - base) / n
-        out[name] = {"program_s": t, "per_call_s": price}
-        print(f"{name:20s} {t * 1e6:>16.1f}us {price * 1e6:>12.1f}us")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    out = {name: {"program_s": t, "per_call_s": (t - base) / n} for name, t in times.items()}
+    print()
+    print(bench.table(["mechanism", "program (16 calls) us", "price per call us"],
+                      [[name, f"{r['program_s'] * 1e6:.1f}", f"{r['per_call_s'] * 1e6:.1f}"]
+                       for name, r in out.items()]))
+    bench.save(args, out)
     return 0
 
 

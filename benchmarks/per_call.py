@@ -2,7 +2,7 @@
 
 Run from the repository root (about a minute; ``--quick`` for a noisy smoke test):
 
-    python benchmarks/per_call.py [--quick] [--json PATH]
+    python benchmarks/per_call.py [--quick] [--reps 7] [--calls 20000] [--json PATH]
 
 All in one process, with ``kiln.configure(store="memory")`` (nothing is written to disk).
 Cases:
@@ -27,18 +27,12 @@ small functions.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import shlex
-import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _harness as bench
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -70,62 +64,38 @@ def bench_group(
     """Each call timed on its own to its result (``block_until_ready``), the implementations
     taking turns call by call with the order rotating every call, so drift in machine load
     hits all alike; the median per call over ``calls * reps`` calls of each."""
-    names = list(impls)
     for fn in impls.values():  # warm-up: compile / load, then a few hot calls
         for _ in range(min(calls, 200)):
             jax.block_until_ready(fn())
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(calls * reps):
-        k = i % len(names)
-        for n in names[k:] + names[:k]:
-            fn = impls[n]
-            start = time.perf_counter()
-            jax.block_until_ready(fn())
-            samples[n].append(time.perf_counter() - start)
+
+    def one(name: str, _: int) -> float:
+        fn = impls[name]
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        return time.perf_counter() - start
+
+    samples = bench.interleave(list(impls), calls * reps, one)
     out = {}
     for n, s in samples.items():
-        q = statistics.quantiles(s, n=10)
-        out[n] = {
-            "us_per_call": statistics.median(s) * 1e6,
-            "p10_us": q[0] * 1e6,
-            "p90_us": q[-1] * 1e6,
-            "calls": len(s),
-        }
+        q = bench.spread(s)
+        out[n] = {"us_per_call": q["median"] * 1e6, "p10_us": q["p10"] * 1e6,
+                  "p90_us": q["p90"] * 1e6, "calls": len(s)}
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="3 x 2000 calls (smoke test; noisy)"
-    )
-    parser.add_argument("--reps", type=int, default=None, help="rounds of calls (default 7)")
-    parser.add_argument(
-        "--calls",
-        type=int,
-        default=None,
-        help="calls per round for the cheap cases (default 20000)",
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    args = parser.parse_args(argv)
-    reps = args.reps if args.reps is not None else (3 if args.quick else 7)
+    parser = bench.options(__doc__, reps=7, quick_reps=3)
+    parser.add_argument("--calls", type=int, default=None,
+                        help="calls per round for the cheap cases (default 20000; 2000 with "
+                        "--quick)")
+    args = bench.begin(parser, argv, dists=("jax", "jaxlib", "jax-kiln", "numpy"))
+    reps = args.reps
     calls = args.calls if args.calls is not None else (2000 if args.quick else 20000)
     numpy_calls = 5 if args.quick else 30
-
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}")
     device = jax.devices()[0]
-    print(
-        f"python {platform.python_version()}, jax {jax.__version__}, kiln {kiln.__version__}, "
-        f"numpy {np.__version__}; backend {jax.default_backend()} ({device.device_kind}); "
-        f"{os.cpu_count()} CPUs"
-    )
-    print(
-        f"median per call of {reps} x {calls} calls, interleaved call by call "
-        f"({reps} x {numpy_calls} for the re-hashed 64 MiB NumPy table)"
-        + ("  [QUICK: too few reps/calls, figures are noisy]" if args.quick else "")
-    )
-    print(flush=True)
+    print(f"backend {jax.default_backend()} ({device.device_kind}); median per call of {reps} x "
+          f"{calls} calls, interleaved call by call ({reps} x {numpy_calls} for the re-hashed "
+          "64 MiB NumPy table)\n", flush=True)
 
     kiln.configure(store="memory")
     kiln.reset_stats()
@@ -187,16 +157,13 @@ def main(argv: list[str] | None = None) -> int:
 
     ratios: dict[str, dict[str, float]] = {}
     for case, impls in results.items():
-        print(case)
         base_name = "jax.jit" if "jax.jit" in impls else "jax.jit static int"
-        base = impls[base_name]["us_per_call"]
-        for name, r in impls.items():
-            spread = f"(p10 {r['p10_us']:.2f}, p90 {r['p90_us']:.2f})"
-            print(
-                f"  {name:<34}{r['us_per_call']:>10.2f} us/call  {spread:<28}"
-                f"{r['us_per_call'] / base:>8.2f}x {base_name}"
-            )
-        ratios[case] = {name: r["us_per_call"] / base for name, r in impls.items()}
+        ratios[case] = bench.ratios({n: r["us_per_call"] for n, r in impls.items()}, base_name)
+        print(case)
+        print(bench.table(["  implementation", "us/call", "p10", "p90", f"/ {base_name}"],
+                          [[f"  {name}", f"{r['us_per_call']:.2f}", f"{r['p10_us']:.2f}",
+                            f"{r['p90_us']:.2f}", f"{ratios[case][name]:.2f}x"]
+                           for name, r in impls.items()]))
         if "jax AOT compiled" in impls:
             ratios[case]["kiln.jit / jax AOT compiled"] = (
                 impls["kiln.jit"]["us_per_call"] / impls["jax AOT compiled"]["us_per_call"]
@@ -229,33 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     if st.misses > 5:  # f, g, h(int), h(table) and, if numpy and jax digests differ, once more
         print(f"note: {st.misses} kiln misses; the timed loops may include recompiles")
 
-    if args.json is not None:
-        payload = {
-            "benchmark": "per_call",
-            "command": command,
-            "quick": args.quick,
-            "versions": {
-                "python": platform.python_version(),
-                "jax": jax.__version__,
-                "kiln": kiln.__version__,
-                "numpy": np.__version__,
-            },
-            "backend": jax.default_backend(),
-            "device": device.device_kind,
-            "cpus": os.cpu_count(),
-            "reps": reps,
-            "calls": calls,
-            "numpy_calls": numpy_calls,
-            "results": results,
-            "ratios_vs_jax_jit": ratios,
-            "target_kiln_vs_jax": TARGET_KILN_VS_JAX,
-            "target_met": target_met,
-            "kiln_stats": st.as_dict(),
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    bench.save(args, {"backend": jax.default_backend(), "device": device.device_kind,
+                      "calls": calls, "numpy_calls": numpy_calls, "results": results,
+                      "ratios_vs_jax_jit": ratios, "target_kiln_vs_jax": TARGET_KILN_VS_JAX,
+                      "target_met": target_met, "kiln_stats": st.as_dict()})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,19 +22,12 @@ parameters are checked to be as expected in every run.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shlex
-import statistics
-import sys
 import tempfile
-import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
+import _harness as bench
 
 MODES = ("kiln carried", "kiln not carried", "jax.jit")
 
@@ -74,59 +67,42 @@ if "kiln" in sys.modules:
 print(json.dumps(out))
 '''
 
-def _env(store: str) -> dict[str, str]:
-    return child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0", JAX_PLATFORMS="cpu")
-
-
-def _python(code: str, args: list[str], env: dict[str, str]) -> str:
-    return run_child([sys.executable, "-c", code, *args], env=env).stdout
+def _python(code: str, args: list[str], store: str) -> bench.Fresh:
+    env = bench.child_env(**bench.kiln_store(store), JAX_PLATFORMS="cpu")
+    return bench.fresh(["-c", code, *args], env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}")
-    vers = {d: metadata.version(d) for d in ("jax", "jaxlib", "jax-kiln", "cloudpickle")}
-    print(", ".join(f"{k} {v}" for k, v in vers.items()) + f"; {os.cpu_count()} CPUs")
-
-    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    args = bench.begin(bench.options(__doc__, reps=5), argv,
+                       dists=("jax", "jaxlib", "jax-kiln", "cloudpickle"))
     with tempfile.TemporaryDirectory(prefix="kiln-pickled-") as tmp:
-        _python(PARENT, [tmp], _env(f"{tmp}/parent-store"))
+        _python(PARENT, [tmp], f"{tmp}/parent-store")
         sizes = {m: Path(tmp, f"{m}.pkl").stat().st_size for m in MODES}
         print("pickle sizes: " + ", ".join(f"{m} {n} bytes" for m, n in sizes.items()))
-        for rep in range(args.reps):
-            order = MODES[rep % 3:] + MODES[: rep % 3]
-            for mode in order:
-                with tempfile.TemporaryDirectory(dir=tmp) as store:  # empty, per worker
-                    t = time.perf_counter()
-                    out = _python(WORKER, [f"{tmp}/{mode}.pkl"], _env(store))
-                    r = json.loads(out.strip().splitlines()[-1])
-                    r["wall_s"] = time.perf_counter() - t
-                samples[mode].append(r)
-                counts = {k: r[k] for k in ("traces", "compiles", "hits") if k in r}
-                print(f"  rep {rep + 1}/{args.reps} {mode:<17} ttfr {r['ttfr_s']:.3f} s, "
-                      f"wall {r['wall_s']:.3f} s  {counts}", flush=True)
 
-    med = {m: statistics.median(s["ttfr_s"] for s in samples[m]) for m in MODES}
+        def worker(mode: str, _: int) -> dict[str, Any]:
+            with tempfile.TemporaryDirectory(dir=tmp) as store:  # empty, per worker
+                return _python(WORKER, [f"{tmp}/{mode}.pkl"], store).record()
+
+        samples = bench.interleave(
+            MODES, args.reps, worker, label=lambda m: f"{m:<17}",
+            show=lambda r: f"ttfr {r['ttfr_s']:.3f} s, wall {r['wall_s']:.3f} s  "
+                           f"{ {k: r[k] for k in ('traces', 'compiles', 'hits') if k in r} }")
+
+    ttfr = {m: bench.spread(s["ttfr_s"] for s in samples[m]) for m in MODES}
+    med = {m: t["median"] for m, t in ttfr.items()}
     print()
-    for m in MODES:
-        ttfr = [s["ttfr_s"] for s in samples[m]]
-        print(f"{m:<18} ttfr median {med[m]:.3f} s ({min(ttfr):.3f}-{max(ttfr):.3f})")
+    print(bench.table(["mode", "ttfr median s", "(min-max)"],
+                      [[m, t["median"], f"{t['min']:.3f}-{t['max']:.3f}"]
+                       for m, t in ttfr.items()]))
     print(f"kiln carried / kiln not carried: {med['kiln carried'] / med['kiln not carried']:.3f}x;"
           f" kiln carried / jax.jit: {med['kiln carried'] / med['jax.jit']:.3f}x")
     carried_ok = all((s["traces"], s["compiles"]) == (0, 0) for s in samples["kiln carried"])
     same = len({json.dumps(s["theta"]) for m in MODES for s in samples[m]}) == 1
     print(f"carried workers ran with 0 traces and 0 compiles: {carried_ok}; "
           f"fitted parameters identical in every worker: {same}")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"benchmark": "pickled", "command": command,
-                                         "versions": vers, "sizes": sizes, "samples": samples,
-                                         "median_ttfr_s": med}, indent=2))
+    bench.save(args, {"sizes": sizes, "samples": samples, "median_ttfr_s": med})
     return 0 if carried_ok and same else 1
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -3,7 +3,8 @@
 Run from the repository root (about 2 minutes per program and mode with ``--reps 5``):
 
     python benchmarks/real_programs.py [--reps 5] [--programs lotka_volterra,flax_cnn,...]
-                                       [--modes kiln,jax,run,run-jit] [--json PATH]
+                                       [--modes kiln,jax,run,run-jit] [--anchor MODE]
+                                       [--no-events] [--json PATH]
 
 Each program is run as a fresh process in up to four modes (``--modes``; by default every mode
 that applies to the program), each once cold (its own empty store or cache), then warm:
@@ -34,6 +35,9 @@ outside any jit). The listener imports jax before the program starts (and ``kiln
 imports jax and kiln before it), so ``ttfr`` leaves out the import of jax in every mode;
 ``wall`` is the figure that holds everything. Beside each program, the import floor: the
 median wall of ``python -c "import jax, <its libraries>"`` (what no cache can save).
+``--no-events`` runs the programs without the listener (no trace and lowering seconds; ``ttfr``
+then holds the import of jax, as the program alone measures it). Ratios are to JAX's cache warm
+(``--anchor``: to another warm run, e.g. ``"kiln run warm"``).
 
 The results each run prints (its last JSON line, timings and kiln's counters left out) must be
 identical in every mode and run; the script says so or fails. Targets, every
@@ -41,7 +45,7 @@ program: kiln warm wall <= 1.0x JAX's cache warm, time to first result <= 0.8x; 
 (``kiln run --jit``) warm wall <= 1.0x JAX's cache warm, its jits' trace + lowering seconds
 <= 25% of JAX's cache warm, and where tracing dominates, wall <= 0.55x. Stores and
 caches live in temporary directories; ``KILN_*``, ``JAX_*`` and ``XLA_*`` variables of the
-calling environment are removed (``_children.py``), so your own cache is never touched.
+calling environment are removed (``_harness.py``), so your own cache is never touched.
 """
 
 from __future__ import annotations
@@ -49,16 +53,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
-from _installed import compile_bytecode
+import _harness as bench
 
 REPO = Path(__file__).resolve().parent.parent
 EX = REPO / "examples"
@@ -113,7 +112,7 @@ MODES = {"kiln": ("kiln cold", "kiln warm"), "jax": ("jax cold", "jax cache warm
 def _base_env() -> dict[str, str]:
     """A child's environment: ``EXAMPLE_JIT`` only where a program's variant sets it, and the
     published examples' folder on ``PYTHONPATH``."""
-    return child_env(EXAMPLE_JIT=None, PYTHONPATH=os.pathsep.join(
+    return bench.child_env(EXAMPLE_JIT=None, PYTHONPATH=os.pathsep.join(
         [str(EX / "public"), os.environ.get("PYTHONPATH", "")]))
 
 
@@ -121,16 +120,11 @@ def _run(argv: list[str], env: dict[str, str], cwd: Path,
          events: Path | None = None) -> dict[str, Any]:
     """One fresh process of ``python ARGV``; with ``events``, under the listener on JAX's trace
     and lowering events (``_jax_events.py``), whose counts come back as ``events``."""
-    cmd = [sys.executable, *argv] if events is None else [
-        sys.executable, str(EVENTS), str(events), *argv]
-    t0 = time.perf_counter()
-    proc = run_child(cmd, env=env, cwd=cwd)
-    wall = time.perf_counter() - t0
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("{")]
-    result = json.loads(lines[-1]) if lines else {}
-    got = result if isinstance(result, dict) else {}
-    out = {"wall": wall, "ttfr": got.get("time_to_first_result_s"),
-           "itfr": got.get("imports_to_first_result_s"), "result": _stable(result)}
+    proc = bench.fresh(argv if events is None else [EVENTS, events, *argv], env=env, cwd=cwd)
+    got = proc.payload if isinstance(proc.payload, dict) else {}
+    out = {"wall": proc.wall_s, "ttfr": got.get("time_to_first_result_s"),
+           "itfr": got.get("imports_to_first_result_s"),
+           "result": _stable(proc.payload if proc.payload is not None else {})}
     if events is not None:
         out["events"] = json.loads(events.read_text())
     summary = [ln for ln in proc.stderr.splitlines() if ln.startswith("kiln: hits:")]
@@ -146,111 +140,85 @@ def _stable(result: Any) -> Any:
 
 
 def _floor(libs: str, env: dict[str, str], cwd: Path) -> float:
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        run_child([sys.executable, "-c", f"import {libs}"], env=env, cwd=cwd)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _median(values: list[Any]) -> float | None:
-    return statistics.median(values) if values and all(v is not None for v in values) else None
-
-
-def measure(name: str, reps: int, tmp: Path,
-            modes: tuple[str, ...] = tuple(MODES)) -> dict[str, Any]:
-    script, kiln_variant, (jax_argv, jax_env), libs = PROGRAMS[name]
-    modes = tuple(m for m in modes if m != "kiln" or kiln_variant is not None)
-    base = _base_env()
-    plain = base | jax_env
-    envs = {
-        "jax": plain | {"JAX_COMPILATION_CACHE_DIR": str(tmp / f"{name}-jax-cache"),
-                        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
-                        "KILN_JAX_CACHE": "0"},
-        "run": plain | {"KILN_CACHE_DIR": str(tmp / f"{name}-route"), "KILN_PROGRESS": "0"},
-        "run-jit": plain | {"KILN_CACHE_DIR": str(tmp / f"{name}-swap"), "KILN_PROGRESS": "0"},
-    }
-    argvs = {"jax": [str(script), *jax_argv],
-             "run": ["-m", "kiln", "run", "--no-jit", str(script), *jax_argv],
-             "run-jit": ["-m", "kiln", "run", "--jit", str(script), *jax_argv]}
-    if kiln_variant is not None:
-        kiln_argv, kiln_env = kiln_variant
-        envs["kiln"] = base | kiln_env | {"KILN_CACHE_DIR": str(tmp / f"{name}-store"),
-                                          "KILN_PROGRESS": "0"}
-        argvs["kiln"] = [str(script), *kiln_argv]
-    events = tmp / f"{name}-events.json"
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for m in modes:
-        runs[MODES[m][0]] = [_run(argvs[m], envs[m], tmp, events)]
-    for m in modes:
-        runs[MODES[m][1]] = []
-    for rep in range(reps):
-        for i in range(len(modes)):
-            m = modes[(rep + i) % len(modes)]
-            runs[MODES[m][1]].append(_run(argvs[m], envs[m], tmp, events))
-    results = {json.dumps(r["result"], sort_keys=True) for rs in runs.values() for r in rs}
-    med = {m: statistics.median(r["wall"] for r in rs) for m, rs in runs.items()}
-    ttfr = {m: _median([r["ttfr"] for r in rs]) for m, rs in runs.items()}
-    itfr = {m: _median([r["itfr"] for r in rs]) for m, rs in runs.items()}
-    trace_lower = {m: {kind: {f: statistics.median(r["events"][kind][f] for r in rs)
-                              for f in ("trace_s", "lower_s", "traces", "lowerings")}
-                       for kind in ("jit", "eager")} for m, rs in runs.items()}
-    out: dict[str, Any] = {"wall_s": med, "ttfr_s": ttfr, "itfr_s": itfr,
-                           "trace_lower_s": trace_lower,
-                           "identical_results": len(results) == 1,
-                           "import_floor_s": _floor(libs, base, tmp)}
-    anchor = "jax cache warm"
-    if anchor in med:
-        out["wall_ratios"] = {MODES[m][1]: med[MODES[m][1]] / med[anchor] for m in modes}
-        out["ttfr_ratios"] = {MODES[m][1]: ttfr[MODES[m][1]] / ttfr[anchor]
-                              for m in modes if ttfr[MODES[m][1]] and ttfr[anchor]}
-        jit_anchor = _seconds(trace_lower[anchor]["jit"])
-        out["jit_trace_lower_ratios"] = {
-            MODES[m][1]: _seconds(trace_lower[MODES[m][1]]["jit"]) / jit_anchor
-            for m in modes if jit_anchor}
-        if "kiln" in modes:  # (the figures of kiln warm against JAX's cache, as before)
-            out["wall_ratio"] = out["wall_ratios"]["kiln warm"]
-            out["ttfr_ratio"] = out["ttfr_ratios"].get("kiln warm")
-    out["runs"] = runs
-    return out
+    return bench.median(bench.fresh(["-c", f"import {libs}"], env=env, cwd=cwd).wall_s
+                        for _ in range(3))
 
 
 def _seconds(counts: dict[str, float]) -> float:
     return counts["trace_s"] + counts["lower_s"]
 
 
-def start(doc: str, argv: list[str] | None,
-          modes: bool = False) -> tuple[argparse.Namespace, list[str]]:
-    """The options of a benchmark over :data:`PROGRAMS` (``--reps``, ``--programs``,
-    ``--json``; ``modes``: ``--modes`` too) and the program names, checked; prints the command
-    line and compiles kiln's bytecode, as every run starts."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--json", type=Path)
-    if modes:
-        parser.add_argument("--modes", default=",".join(MODES),
-                            help=f"comma-separated, of {', '.join(MODES)} (default: all)")
-    args = parser.parse_args(argv)
-    if modes:
-        args.modes = tuple(m for m in args.modes.split(",") if m)
-        if not args.modes or set(args.modes) - set(MODES):
-            parser.error(f"--modes: {args.modes}; known: {', '.join(MODES)}")
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
-    compile_bytecode()
+def measure(name: str, reps: int, tmp: Path, modes: tuple[str, ...] = tuple(MODES),
+            anchor: str = "jax cache warm", events: bool = True) -> dict[str, Any]:
+    script, kiln_variant, (jax_argv, jax_env), libs = PROGRAMS[name]
+    modes = tuple(m for m in modes if m != "kiln" or kiln_variant is not None)
+    base = _base_env()
+    plain = base | jax_env
+    envs = {
+        "jax": plain | bench.jax_cache(tmp / f"{name}-jax-cache") | {"KILN_JAX_CACHE": "0"},
+        "run": plain | bench.kiln_store(tmp / f"{name}-route"),
+        "run-jit": plain | bench.kiln_store(tmp / f"{name}-swap"),
+    }
+    argvs = {"jax": [str(script), *jax_argv],
+             "run": ["-m", "kiln", "run", "--no-jit", str(script), *jax_argv],
+             "run-jit": ["-m", "kiln", "run", "--jit", str(script), *jax_argv]}
+    if kiln_variant is not None:
+        kiln_argv, kiln_env = kiln_variant
+        envs["kiln"] = base | kiln_env | bench.kiln_store(tmp / f"{name}-store")
+        argvs["kiln"] = [str(script), *kiln_argv]
+    listener = tmp / f"{name}-events.json" if events else None
+
+    def run(mode: str, _: int) -> dict[str, Any]:
+        return _run(argvs[mode], envs[mode], tmp, listener)
+
+    runs = {MODES[m][0]: rs for m, rs in bench.interleave(modes, 1, run, rotate=False).items()}
+    runs |= {MODES[m][1]: rs for m, rs in bench.interleave(modes, reps, run).items()}
+    results = {json.dumps(r["result"], sort_keys=True) for rs in runs.values() for r in rs}
+    med = {m: bench.median(r["wall"] for r in rs) for m, rs in runs.items()}
+    ttfr, itfr = bench.medians(runs, "ttfr"), bench.medians(runs, "itfr")
+    out: dict[str, Any] = {"wall_s": med, "ttfr_s": ttfr, "itfr_s": itfr,
+                           "identical_results": len(results) == 1,
+                           "import_floor_s": _floor(libs, base, tmp), "anchor": anchor}
+    if events:
+        out["trace_lower_s"] = {
+            m: {kind: {f: bench.median(r["events"][kind][f] for r in rs)
+                       for f in ("trace_s", "lower_s", "traces", "lowerings")}
+                for kind in ("jit", "eager")} for m, rs in runs.items()}
+    warm = [MODES[m][1] for m in modes]
+    if anchor in med:
+        out["wall_ratios"] = {m: r for m, r in bench.ratios(med, anchor).items() if m in warm}
+        out["ttfr_ratios"] = {m: r for m, r in bench.ratios(ttfr, anchor).items()
+                              if m in warm and r is not None}
+        if events:
+            jit = {m: _seconds(out["trace_lower_s"][m]["jit"]) for m in warm}
+            out["jit_trace_lower_ratios"] = {m: r for m, r in bench.ratios(jit, anchor).items()
+                                             if r is not None}
+        if "kiln" in modes and anchor == "jax cache warm":  # (kiln warm / JAX's cache, as before)
+            out["wall_ratio"] = out["wall_ratios"]["kiln warm"]
+            out["ttfr_ratio"] = out["ttfr_ratios"].get("kiln warm")
+    out["runs"] = runs
+    return out
+
+
+def add_programs(parser: argparse.ArgumentParser) -> None:
+    """``--programs``: a benchmark over :data:`PROGRAMS` (all of them by default)."""
+    parser.add_argument("--programs", default=",".join(PROGRAMS),
+                        help="comma-separated names of real_programs.PROGRAMS (default: all)")
+
+
+def chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The names ``--programs`` gives, checked."""
     names = [n for n in args.programs.split(",") if n]
     unknown = [n for n in names if n not in PROGRAMS]
     if unknown:
         parser.error(f"--programs: unknown {unknown}; known: {', '.join(PROGRAMS)}")
-    return args, names
+    return names
 
 
 def _line(name: str, r: dict[str, Any]) -> str:
-    """One program's figures as text: per warm mode its wall, ratio to JAX's cache warm, time
-    to first result, imports to first result, and its jits' / eager trace + lowering seconds."""
-    w, t, i, tl = r["wall_s"], r["ttfr_s"], r["itfr_s"], r["trace_lower_s"]
+    """One program's figures as text: per warm mode its wall, ratio to the anchor, time to
+    first result, imports to first result, and its jits' / eager trace + lowering seconds."""
+    w, t, i, tl = r["wall_s"], r["ttfr_s"], r["itfr_s"], r.get("trace_lower_s")
     ratios = r.get("wall_ratios", {})
 
     def s(v: float | None) -> str:
@@ -259,27 +227,42 @@ def _line(name: str, r: dict[str, Any]) -> str:
     parts = []
     for mode in (m for m in w if not m.endswith("cold")):
         ratio = f" ({ratios[mode]:.3f}x)" if mode in ratios else ""
+        events = "" if tl is None else (f", trace+lower jit {_seconds(tl[mode]['jit']):.2f} / "
+                                        f"eager {_seconds(tl[mode]['eager']):.2f}")
         parts.append(f"{mode}: wall {w[mode]:.2f}{ratio}, ttfr {s(t[mode])}, itfr {s(i[mode])}"
-                     f", trace+lower jit {_seconds(tl[mode]['jit']):.2f} / eager "
-                     f"{_seconds(tl[mode]['eager']):.2f}")
+                     + events)
     cold = ", ".join(f"{m} {w[m]:.2f}" for m in w if m.endswith("cold"))
     return (f"{name}: " + "; ".join(parts) + f"; cold wall: {cold}; import floor "
             f"{r['import_floor_s']:.2f}; identical results: {r['identical_results']}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, names = start(__doc__, argv, modes=True)
+    parser = bench.options(__doc__, reps=5)
+    add_programs(parser)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated, of {', '.join(MODES)} (default: all)")
+    parser.add_argument("--anchor", default="jax cache warm",
+                        help="the warm run the ratios are to (default: %(default)s)")
+    parser.add_argument("--no-events", action="store_true",
+                        help="run the programs without the listener on JAX's events")
+    args = bench.begin(parser, argv, installed=True)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: {modes}; known: {', '.join(MODES)}")
+    if args.anchor not in {w for _, w in MODES.values()}:
+        parser.error(f"--anchor: {args.anchor!r}; a warm run: "
+                     + ", ".join(w for _, w in MODES.values()))
     report: dict[str, Any] = {}
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            r = report[name] = measure(name, args.reps, Path(tmp), args.modes)
+        for name in chosen(parser, args):
+            r = report[name] = measure(name, args.reps, Path(tmp), modes, args.anchor,
+                                       events=not args.no_events)
             print(_line(name, r), flush=True)
             ok &= r["identical_results"]
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+    bench.save(args, {"programs": report})
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

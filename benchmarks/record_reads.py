@@ -28,11 +28,7 @@ number of path checks kiln saw and of frame walks it made (``--processes 0``: sk
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shlex
-import statistics
 import sys
 import sysconfig
 import tempfile
@@ -41,6 +37,8 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import _harness as bench
 
 # functions whose frames count as library code: their file name is in site-packages
 _LIB_SOURCE = '''
@@ -100,13 +98,8 @@ print(json.dumps({"trace_s": time.perf_counter() - t0, **calls}))
 
 
 def _lv_first_trace(record: bool, count: bool = False) -> dict[str, Any]:
-    from _children import child_env, run_child
-
-    proc = run_child([sys.executable, "-c", LV_CHILD, "1" if record else "0",
-                      "count" if count else "-"], env=child_env(JAX_PLATFORMS="cpu"))
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-4000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return bench.fresh(["-c", LV_CHILD, "1" if record else "0", "count" if count else "-"],
+                       env=bench.child_env(JAX_PLATFORMS="cpu")).record()
 
 
 def _time(fn: Callable[[], Any], record: bool) -> float:
@@ -125,14 +118,11 @@ def _time(fn: Callable[[], Any], record: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.options(__doc__, reps=7)
     parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--depth", type=int, default=60)
     parser.add_argument("--processes", type=int, default=7)
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
+    args = bench.begin(parser, argv)
 
     import kiln
     from kiln._keys import _reads
@@ -171,31 +161,26 @@ def main(argv: list[str] | None = None) -> int:
         figures: dict[str, dict[str, float]] = {}
         for name, fn in cases.items():
             _time(fn, True)  # first-use costs out of the way
-            plain, recorded = [], []
-            for _ in range(args.reps):
-                plain.append(_time(fn, False))
-                recorded.append(_time(fn, True))
-            p, r = statistics.median(plain) / n * 1e6, statistics.median(recorded) / n * 1e6
+            runs = bench.interleave(("plain", "recorded"), args.reps,
+                                    lambda v, _, fn=fn: _time(fn, v == "recorded"), rotate=False)
+            p, r = (bench.median(runs[v]) / n * 1e6 for v in ("plain", "recorded"))
             figures[name] = {"plain_us": p, "recorded_us": r, "added_us": r - p}
             print(f"{name:48s} recorded {r:8.2f} us/call, plain {p:7.2f} us/call, "
                   f"kiln adds {r - p:8.2f} us/call", flush=True)
     lv: dict[str, Any] = {}
     if args.processes:
-        plain, recorded = [], []
-        for i in range(args.processes):
-            for record in ((False, True) if i % 2 == 0 else (True, False)):
-                (recorded if record else plain).append(_lv_first_trace(record)["trace_s"])
+        runs = bench.interleave(("plain", "recorded"), args.processes,
+                                lambda v, _: _lv_first_trace(v == "recorded")["trace_s"])
         counts = _lv_first_trace(True, count=True)
-        p, r = statistics.median(plain), statistics.median(recorded)
+        plain, recorded = runs["plain"], runs["recorded"]
+        p, r = bench.median(plain), bench.median(recorded)
         lv = {"plain_s": plain, "recorded_s": recorded, "median_plain_s": p,
               "median_recorded_s": r, "checks": counts["checks"], "walks": counts["walks"]}
         print(f"Lotka-Volterra first trace, fresh processes, median of {args.processes}: "
               f"{p:.3f} s plain, {r:.3f} s recorded (kiln adds {r - p:+.3f} s); one recorded "
               f"trace: {counts['checks']} path checks seen, {counts['walks']} frame walks")
-    if args.json:
-        args.json.write_text(json.dumps({"calls": n, "reps": args.reps, "depth": depth,
-                                         "kiln": kiln.__file__, "figures": figures,
-                                         "lotka_volterra_first_trace": lv}, indent=2))
+    bench.save(args, {"calls": n, "depth": depth, "kiln": kiln.__file__, "figures": figures,
+                      "lotka_volterra_first_trace": lv})
     return 0
 
 

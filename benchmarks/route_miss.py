@@ -19,16 +19,9 @@ file). Printed: the medians over the repetitions, per miss, and kiln's extra tim
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import shlex
-import statistics
-import sys
 import tempfile
-from pathlib import Path
 
-from _children import child_env, run_child
+import _harness as bench
 
 _CHILD = r"""
 import json, os, sys, time
@@ -61,47 +54,32 @@ print(json.dumps({"miss": loop / n, "get": spent["get"] / n, "put": spent["put"]
 def _child(mode: str, n: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         if mode == "jax":
-            env = child_env(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=d, KILN_JAX_CACHE="0",
-                            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+            env = bench.child_env(JAX_PLATFORMS="cpu", KILN_JAX_CACHE="0", **bench.jax_cache(d))
         else:
-            env = child_env(JAX_PLATFORMS="cpu", KILN_CACHE_DIR=d, KILN_PROGRESS="0")
-        out = run_child([sys.executable, "-c", _CHILD, mode, str(n)], env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+            env = bench.child_env(JAX_PLATFORMS="cpu", **bench.kiln_store(d))
+        return bench.fresh(["-c", _CHILD, mode, str(n)], env=env).payload
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench.options(__doc__, reps=5)
     parser.add_argument("--programs", type=int, default=300)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    sys.path.insert(0, os.path.dirname(__file__))
-    import _installed
-
-    _installed.compile_bytecode()
-    print("$", shlex.join([sys.executable, *sys.argv]))
-    runs: dict[str, list[dict[str, float]]] = {"jax": [], "kiln": []}
-    for rep in range(args.reps):
-        for mode in (("jax", "kiln") if rep % 2 == 0 else ("kiln", "jax")):
-            runs[mode].append(_child(mode, args.programs))
-            r = runs[mode][-1]
-            print(f"  rep {rep + 1}/{args.reps} {mode:4s} miss {r['miss'] * 1e3:6.2f} ms  "
-                  f"cache read {r['get'] * 1e3:5.3f} ms  cache write {r['put'] * 1e3:5.3f} ms")
-    print(f"\nper miss, median of {args.reps} ({args.programs} programs a process):")
-    print(f"{'':22s}{'JAX cache dir':>14s}{'kiln route':>12s}{'kiln extra':>12s}")
-    medians: dict[str, dict[str, float]] = {"jax": {}, "kiln": {}}
-    for part, label in (("miss", "whole call"), ("get", "cache read (miss)"),
-                        ("put", "cache write")):
-        for mode in medians:
-            medians[mode][f"{part}_s"] = statistics.median(r[part] for r in runs[mode])
-        j, k = medians["jax"][f"{part}_s"] * 1e3, medians["kiln"][f"{part}_s"] * 1e3
-        print(f"{label:22s}{j:11.3f} ms{k:9.3f} ms{k - j:+9.3f} ms")
-    if args.json:
-        args.json.write_text(json.dumps({"programs": args.programs, "reps": args.reps,
-                                         "median_per_miss": medians, "runs": runs}, indent=2))
+    args = bench.begin(parser, argv, installed=True)
+    runs = bench.interleave(
+        ("jax", "kiln"), args.reps, lambda mode, _: _child(mode, args.programs),
+        label=lambda m: f"{m:4s}",
+        show=lambda r: f"miss {r['miss'] * 1e3:6.2f} ms  cache read {r['get'] * 1e3:5.3f} ms  "
+                       f"cache write {r['put'] * 1e3:5.3f} ms")
+    medians: dict[str, dict[str, float]] = {
+        mode: {f"{part}_s": bench.median(r[part] for r in rs) for part in ("miss", "get", "put")}
+        for mode, rs in runs.items()}
+    print(f"\nper miss, median of {args.reps} ({args.programs} programs a process), ms:")
+    print(bench.table(["", "JAX cache dir", "kiln route", "kiln extra"], [
+        [label, medians["jax"][f"{part}_s"] * 1e3, medians["kiln"][f"{part}_s"] * 1e3,
+         f"{(medians['kiln'][f'{part}_s'] - medians['jax'][f'{part}_s']) * 1e3:+.3f}"]
+        for part, label in (("miss", "whole call"), ("get", "cache read (miss)"),
+                            ("put", "cache write"))]))
+    bench.save(args, {"programs": args.programs, "median_per_miss": medians, "runs": runs})
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

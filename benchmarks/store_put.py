@@ -18,15 +18,15 @@ the store does, and that flush is timed and printed apart.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shlex
-import statistics
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import _harness as bench
 
 
 def _fill_kiln(root: Path, n: int) -> None:
@@ -43,7 +43,7 @@ def _fill_kiln(root: Path, n: int) -> None:
     LocalStore(root).rebuild_index()
 
 
-def _kiln_puts(root: Path, puts: int, blob: bytes) -> tuple[float, float]:
+def _kiln_puts(root: Path, puts: int, blob: bytes) -> dict[str, float]:
     from kiln.stores import LocalStore
 
     store = LocalStore(root, max_size=1 << 40)
@@ -56,10 +56,10 @@ def _kiln_puts(root: Path, puts: int, blob: bytes) -> tuple[float, float]:
         times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     store.flush()
-    return statistics.median(times), time.perf_counter() - t0
+    return {"put_s": bench.median(times), "flush_s": time.perf_counter() - t0}
 
 
-def _jax_puts(root: Path, n: int, puts: int, blob: bytes) -> float:
+def _jax_puts(root: Path, n: int, puts: int, blob: bytes) -> dict[str, float]:
     from jax._src.lru_cache import LRUCache
 
     root.mkdir(parents=True)
@@ -71,43 +71,45 @@ def _jax_puts(root: Path, n: int, puts: int, blob: bytes) -> float:
         t0 = time.perf_counter()
         cache.put(f"jit_f-{(1 << 200) + i:064x}", blob)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return {"put_s": bench.median(times)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench.options(__doc__, reps=5)
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--puts", type=int, default=200)
     parser.add_argument("--size", type=int, default=100_000)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="write the figures here")
-    args = parser.parse_args(argv)
-    print("$ " + shlex.join([sys.executable, *sys.argv]), flush=True)
+    args = bench.begin(parser, argv)
     blob = os.urandom(args.size)
-    kiln_t, jax_t, flush_t = [], [], []
-    for rep in range(args.reps):
-        with tempfile.TemporaryDirectory() as tmp:
-            _fill_kiln(Path(tmp) / "kiln", args.entries)
-            k, f = _kiln_puts(Path(tmp) / "kiln", args.puts, blob)
-            j = _jax_puts(Path(tmp) / "jax", args.entries, args.puts, blob)
-        kiln_t.append(k)
-        jax_t.append(j)
-        flush_t.append(f)
-        print(f"rep {rep}: kiln put {k * 1e3:.3f} ms, JAX cache put {j * 1e3:.3f} ms, "
-              f"kiln index flush of {args.puts} rows {f * 1e3:.1f} ms", flush=True)
-    k, j = statistics.median(kiln_t), statistics.median(jax_t)
-    print(f"median put at {args.entries} entries, {args.size} bytes: kiln {k * 1e3:.3f} ms, "
-          f"JAX's cache {j * 1e3:.3f} ms ({k / j:.2f}x); index flush "
-          f"{statistics.median(flush_t) * 1e3:.1f} ms per {args.puts} puts")
-    if args.json:
-        args.json.write_text(json.dumps({
-            "entries": args.entries, "puts": args.puts, "size_bytes": args.size,
-            "reps": args.reps, "median_put_s": {"kiln": k, "jax_cache": j},
-            "median_flush_s": statistics.median(flush_t),
-            "per_rep": {"kiln_put_s": kiln_t, "jax_cache_put_s": jax_t, "flush_s": flush_t}},
-            indent=2))
-    return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(impl: str, rep: int) -> dict[str, float]:
+            root = Path(tmp) / f"{impl}{rep}"
+            try:
+                if impl == "kiln":
+                    _fill_kiln(root, args.entries)
+                    return _kiln_puts(root, args.puts, blob)
+                return _jax_puts(root, args.entries, args.puts, blob)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
 
+        def shown(r: dict[str, Any]) -> str:
+            flush = r.get("flush_s")
+            return f"put {r['put_s'] * 1e3:.3f} ms" + (
+                "" if flush is None else f", index flush of {args.puts} rows {flush * 1e3:.1f} ms")
+
+        runs = bench.interleave(("kiln", "jax"), args.reps, run, rotate=False, show=shown)
+    med = bench.medians(runs, "put_s")
+    flush = bench.median(r["flush_s"] for r in runs["kiln"])
+    print(f"median put at {args.entries} entries, {args.size} bytes: kiln {med['kiln'] * 1e3:.3f} "
+          f"ms, JAX's cache {med['jax'] * 1e3:.3f} ms ({med['kiln'] / med['jax']:.2f}x); index "
+          f"flush {flush * 1e3:.1f} ms per {args.puts} puts")
+    bench.save(args, {
+        "entries": args.entries, "puts": args.puts, "size_bytes": args.size,
+        "median_put_s": {"kiln": med["kiln"], "jax_cache": med["jax"]}, "median_flush_s": flush,
+        "per_rep": {"kiln_put_s": [r["put_s"] for r in runs["kiln"]],
+                    "jax_cache_put_s": [r["put_s"] for r in runs["jax"]],
+                    "flush_s": [r["flush_s"] for r in runs["kiln"]]}})
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,15 +28,13 @@ The rest of ``wall`` is the program's own work (data, training steps) and the in
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _children import run_child
-from real_programs import PROGRAMS, _base_env, start
+import _harness as bench
+from real_programs import PROGRAMS, _base_env, add_programs, chosen
 
 WRAPPER = r'''
 import time
@@ -69,51 +67,44 @@ FIELDS = ("import_libs", "import_kiln", "fingerprint", "read", "load", "route_re
 
 def _run(wrapper: Path, libs: str, argv: list[str], env: dict[str, str],
          cwd: Path) -> dict[str, Any]:
-    import time
-
-    t0 = time.perf_counter()
-    proc = run_child([sys.executable, wrapper, libs, *argv], env=env, cwd=cwd)
-    wall = time.perf_counter() - t0
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("BREAKDOWN ")][-1]
-    return {"wall": wall, **json.loads(line[len("BREAKDOWN "):])}
+    run = bench.fresh([wrapper, libs, *argv], env=env, cwd=cwd, marker="BREAKDOWN ")
+    return {"wall": run.wall_s, **run.payload}
 
 
 def measure(name: str, reps: int, tmp: Path) -> dict[str, Any]:
     script, (kiln_argv, kiln_env), _, libs = PROGRAMS[name]
     wrapper = tmp / "wrapper.py"
     wrapper.write_text(WRAPPER)
-    env = _base_env() | kiln_env | {"KILN_CACHE_DIR": str(tmp / f"{name}-store"),
-                                    "KILN_PROGRESS": "0"}
+    env = _base_env() | kiln_env | bench.kiln_store(tmp / f"{name}-store")
     argv = [str(script), *kiln_argv]
     cold = _run(wrapper, libs, argv, env, tmp)
-    warm = [_run(wrapper, libs, argv, env, tmp) for _ in range(reps)]
-    med = {k: statistics.median(r[k] for r in warm)
+    warm = bench.interleave([name], reps, lambda *_: _run(wrapper, libs, argv, env, tmp))[name]
+    med = {k: bench.median(r[k] for r in warm)
            for k in ("wall", *FIELDS, "route_values", "hits", "compiles")}
-    med["kiln_share"] = statistics.median(
-        r["import_kiln"] + r["fingerprint"] + r["read"] + r["route_read"]
-        for r in warm)
+    med["kiln_share"] = bench.median(
+        r["import_kiln"] + r["fingerprint"] + r["read"] + r["route_read"] for r in warm)
     return {"median": med, "cold": cold, "warm": warm}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, names = start(__doc__, argv)
+    parser = bench.options(__doc__, reps=5)
+    add_programs(parser)
+    args = bench.begin(parser, argv, installed=True)
     # (the programs of examples/libraries/ have no kiln.jit variant: see real_programs.py)
-    names = [n for n in names if PROGRAMS[n][1] is not None]
+    names = [n for n in chosen(parser, args) if PROGRAMS[n][1] is not None]
     report: dict[str, Any] = {}
-    print("| program | wall | import libs | import kiln | fingerprint | read | load | "
-          "route read (n) | route load | kiln share | compiles |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            m = measure(name, args.reps, Path(tmp))["median"]
-            report[name] = m
-            print(f"| {name} | {m['wall']:.2f} | {m['import_libs']:.2f} | "
-                  f"{m['import_kiln']:.3f} | {m['fingerprint']:.3f} | {m['read']:.3f} | "
-                  f"{m['load']:.3f} | {m['route_read']:.3f} ({m['route_values']:.0f}) | "
-                  f"{m['route_load']:.3f} | **{m['kiln_share']:.3f}** | {m['compiles']:.0f} |",
-                  flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2))
+            report[name] = measure(name, args.reps, Path(tmp))["median"]
+            print(f"{name}: kiln share {report[name]['kiln_share']:.3f} s", flush=True)
+    print(bench.table(
+        ["program", "wall", "import libs", "import kiln", "fingerprint", "read", "load",
+         "route read (n)", "route load", "kiln share", "compiles"],
+        [[name, f"{m['wall']:.2f}", f"{m['import_libs']:.2f}", m["import_kiln"],
+          m["fingerprint"], m["read"], m["load"],
+          f"{m['route_read']:.3f} ({m['route_values']:.0f})", m["route_load"],
+          m["kiln_share"], f"{m['compiles']:.0f}"] for name, m in report.items()]))
+    bench.save(args, {"programs": report})
     return 0
 
 

@@ -15,35 +15,27 @@ Each run is a fresh ``python examples/lotka_volterra.py --jit MODE`` process. Mo
 - ``kiln cold``: ``--jit kiln`` on a fresh, empty store every repetition.
 
 Two figures per run, in seconds: ``ttfr``, the script's own ``time_to_first_result_s`` (from
-before ``import jax`` to the fit's result), and ``wall``, the whole process (``perf_counter``
-around ``subprocess.run``: interpreter start-up and exit included). Each figure is the median
-over the repetitions; warm repetitions of kiln and JAX are interleaved to share any drift.
-Targets: kiln warm / JAX cache warm <= 0.25 (ttfr); kiln cold / ``jax.jit`` cold <= 1.05
-(ttfr, the cold tax: fingerprint, jaxpr walks, serializing and writing the entry). Cold
-repetitions run in pairs (kiln and ``jax.jit``, alternating which goes first); besides the ratio
-of medians, the median of the per-pair ratios is printed (drift in machine load hits both
-members of a pair alike). The fitted parameters must be identical in
-every run. Every store and cache lives in a ``tempfile.TemporaryDirectory``; ``KILN_*``,
-``JAX_*`` and ``XLA_*`` variables of the calling environment are removed (``_children.py``),
-so the user's cache is never touched.
+before ``import jax`` to the fit's result), and ``wall``, the whole process (interpreter
+start-up and exit included). Each figure is the median over the repetitions; warm repetitions
+of kiln and JAX are interleaved to share any drift. Targets: kiln warm / JAX cache warm <= 0.25
+(ttfr); kiln cold / ``jax.jit`` cold <= 1.05 (ttfr, the cold tax: fingerprint, jaxpr walks,
+serializing and writing the entry; ``cold_tax.py`` measures it apart). Cold repetitions run in
+pairs (kiln and ``jax.jit``, alternating which goes first); besides the ratio of medians, the
+median of the per-pair ratios is printed (drift in machine load hits both members of a pair
+alike). The fitted parameters must be identical in every run. Every store and cache lives in a
+``tempfile.TemporaryDirectory``; ``KILN_*``, ``JAX_*`` and ``XLA_*`` variables of the calling
+environment are removed (``_harness.py``), so the user's cache is never touched.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shlex
-import statistics
 import sys
 import tempfile
-import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from _children import child_env, run_child
-from _installed import compile_bytecode
+import _harness as bench
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "lotka_volterra.py"
@@ -52,29 +44,9 @@ TARGET_COLD_TAX = 1.05  # kiln cold / jax.jit cold (ttfr), an empty store
 MODES = ("kiln warm", "jax cache warm", "jax.jit cold", "kiln cold")
 
 
-def kiln_env(store: str) -> dict[str, str]:
-    return child_env(KILN_CACHE_DIR=store, KILN_PROGRESS="0")
-
-
-def jax_cache_env(cache: str) -> dict[str, str]:
-    return child_env(
-        JAX_COMPILATION_CACHE_DIR=cache,
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-    )
-
-
 def run_example(jit: str, env: dict[str, str]) -> dict[str, Any]:
-    """One fresh process; returns its JSON result plus ``wall_s``."""
-    cmd = [sys.executable, str(EXAMPLE), "--jit", jit]
-    t0 = time.perf_counter()
-    proc = run_child(cmd, env=env, cwd=REPO)
-    wall = time.perf_counter() - t0
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    result = json.loads(lines[-1])
-    result["wall_s"] = wall
-    result["stderr_tail"] = proc.stderr[-2000:]
-    return result
+    """One fresh process; its JSON result plus ``wall_s``."""
+    return bench.fresh([EXAMPLE, "--jit", jit], env=env, cwd=REPO).record()
 
 
 def snapshot(root: Path) -> dict[str, int]:
@@ -84,235 +56,120 @@ def snapshot(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
 
 
-def entry_files(store: Path) -> dict[str, int]:
-    return snapshot(store / "entries")
-
-
 def device_info() -> str:
     code = "import jax; d = jax.devices()[0]; print(jax.default_backend(), d.device_kind)"
-    proc = run_child([sys.executable, "-c", code], timeout=300, check=False)
+    proc = bench.run_child([sys.executable, "-c", code], timeout=300, check=False)
     return proc.stdout.strip() or f"unknown ({proc.stderr.strip()[-200:]})"
 
 
-def versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for dist in ("jax", "jaxlib", "jax-kiln", "diffrax", "optimistix", "equinox"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
-def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    ttfr = [s["time_to_first_result_s"] for s in samples]
-    wall = [s["wall_s"] for s in samples]
-    return {
-        "reps": len(samples),
-        "ttfr_median_s": statistics.median(ttfr),
-        "ttfr_min_s": min(ttfr),
-        "ttfr_max_s": max(ttfr),
-        "wall_median_s": statistics.median(wall),
-        "wall_min_s": min(wall),
-        "wall_max_s": max(wall),
-        "ttfr_s": ttfr,
-        "wall_s": wall,
-    }
+def _shown(r: dict[str, Any]) -> str:
+    return f"ttfr {r['time_to_first_result_s']:.3f} s, wall {r['wall_s']:.3f} s"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="2 warm and 1 cold repetition (smoke test; noisy)"
-    )
-    parser.add_argument("--reps", type=int, default=None, help="warm repetitions (default 5)")
-    parser.add_argument(
-        "--cold-reps", type=int, default=None, help="cold repetitions, ~15 s each (default 5)"
-    )
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
-    args = parser.parse_args(argv)
-    reps = args.reps if args.reps is not None else (2 if args.quick else 5)
+    parser = bench.options(__doc__, reps=5, quick_reps=2)
+    parser.add_argument("--cold-reps", type=int, default=None,
+                        help="cold repetitions, ~15 s each (default 5; 1 with --quick)")
+    args = bench.begin(parser, argv, dists=("jax", "jaxlib", "jax-kiln", "diffrax",
+                                            "optimistix", "equinox"), installed=True)
     cold_reps = args.cold_reps if args.cold_reps is not None else (1 if args.quick else 5)
-    if reps < 1 or cold_reps < 1:
-        parser.error("--reps and --cold-reps must be >= 1")
-    compile_bytecode()  # as an installed kiln: see benchmarks/_installed.py
-
-    command = shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    print(f"$ {command}")
-    vers = versions()
+    if cold_reps < 1:
+        parser.error("--cold-reps must be >= 1")
     device = device_info()
-    print(
-        ", ".join(f"{k} {v}" for k, v in vers.items()) + f"; device {device}; {os.cpu_count()} CPUs"
-    )
-    print(
-        f"example: {EXAMPLE.relative_to(REPO)}; warm reps {reps}, cold reps {cold_reps}"
-        + ("  [QUICK: too few reps, figures are noisy]" if args.quick else "")
-    )
-    print(flush=True)
+    print(f"device {device}; example: {EXAMPLE.relative_to(REPO)}; warm reps {args.reps}, "
+          f"cold reps {cold_reps}\n", flush=True)
 
-    samples: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
-        tmpdir = Path(tmp)
-        store = tmpdir / "kiln-store"
-        jcache = tmpdir / "jax-cache"
-
-        # untimed fills
-        print("filling the kiln store (untimed cold run) ...", flush=True)
-        fill_kiln = run_example("kiln", kiln_env(str(store)))
-        print("filling JAX's persistent cache (untimed run) ...", flush=True)
-        fill_jax = run_example("jax", jax_cache_env(str(jcache)))
-        kiln_files = entry_files(store)
-        jax_files = snapshot(jcache)
-        if not kiln_files:
+        store, jcache = Path(tmp) / "kiln-store", Path(tmp) / "jax-cache"
+        kiln_env = bench.child_env(**bench.kiln_store(store))
+        jax_env = bench.child_env(**bench.jax_cache(jcache))
+        print("filling the kiln store and JAX's persistent cache (untimed runs) ...", flush=True)
+        fills = [run_example("kiln", kiln_env), run_example("jax", jax_env)]
+        seen = {"kiln warm": snapshot(store / "entries"), "jax cache warm": snapshot(jcache)}
+        if not seen["kiln warm"]:
             notes.append("kiln store has no entries after the fill run: kiln warm is not warm")
-        if not jax_files:
+        if not seen["jax cache warm"]:
             notes.append("JAX's cache has no files after the fill run")
 
-        # warm: interleaved, alternating which goes first
-        for i in range(reps):
-            order = (
-                ("kiln warm", "jax cache warm") if i % 2 == 0 else ("jax cache warm", "kiln warm")
-            )
-            for mode in order:
-                if mode == "kiln warm":
-                    r = run_example("kiln", kiln_env(str(store)))
-                    after = entry_files(store)
-                    if after != kiln_files:
-                        notes.append(f"kiln warm rep {i}: the store was written (not a pure hit)")
-                        kiln_files = after
-                else:
-                    r = run_example("jax", jax_cache_env(str(jcache)))
-                    after = snapshot(jcache)
-                    if set(after) - set(jax_files):
-                        notes.append(f"jax cache warm rep {i}: new cache files were written")
-                    jax_files = after
-                samples[mode].append(r)
-                print(
-                    f"  {mode:<15} rep {i + 1}/{reps}: ttfr {r['time_to_first_result_s']:.3f} s,"
-                    f" wall {r['wall_s']:.3f} s",
-                    flush=True,
-                )
+        def warm(mode: str, rep: int) -> dict[str, Any]:
+            kiln = mode == "kiln warm"
+            r = run_example("kiln" if kiln else "jax", kiln_env if kiln else jax_env)
+            after = snapshot(store / "entries" if kiln else jcache)
+            if (after != seen[mode]) if kiln else bool(set(after) - set(seen[mode])):
+                notes.append(f"{mode} rep {rep}: " + ("the store was written (not a pure hit)"
+                                                      if kiln else "new cache files were written"))
+            seen[mode] = after
+            return r
 
-        # cold: interleaved too
-        for i in range(cold_reps):
-            order = ("jax.jit cold", "kiln cold") if i % 2 == 0 else ("kiln cold", "jax.jit cold")
-            for mode in order:
-                if mode == "kiln cold":
-                    with tempfile.TemporaryDirectory(prefix="kiln-cold-", dir=tmp) as fresh:
-                        r = run_example("kiln", kiln_env(fresh))
-                else:
-                    r = run_example("jax", child_env())
-                samples[mode].append(r)
-                print(
-                    f"  {mode:<15} rep {i + 1}/{cold_reps}: ttfr "
-                    f"{r['time_to_first_result_s']:.3f} s, wall {r['wall_s']:.3f} s",
-                    flush=True,
-                )
+        def cold(mode: str, rep: int) -> dict[str, Any]:
+            if mode == "jax.jit cold":
+                return run_example("jax", bench.child_env())
+            with tempfile.TemporaryDirectory(prefix="kiln-cold-", dir=tmp) as empty:
+                return run_example("kiln", bench.child_env(**bench.kiln_store(empty)))
+
+        samples = bench.interleave(MODES[:2], args.reps, warm, show=_shown)
+        samples |= bench.interleave(("jax.jit cold", "kiln cold"), cold_reps, cold, show=_shown)
         jax_cache_files = len(snapshot(jcache))
-        kiln_entry_bytes = sum((store / "entries" / p).stat().st_size for p in entry_files(store))
+        kiln_entry_bytes = sum((store / "entries" / p).stat().st_size
+                               for p in snapshot(store / "entries"))
 
-    # identical parameters everywhere
-    all_runs = [fill_kiln, fill_jax] + [r for m in MODES for r in samples[m]]
-    ref = all_runs[0]["params"]
-    params_identical = all(r["params"] == ref for r in all_runs)
+    runs = [*fills, *(r for m in MODES for r in samples[m])]
+    ref = runs[0]["params"]
+    params_identical = all(r["params"] == ref for r in runs)
     fields = ("params", "initial_state", "loss", "bfgs_steps")
-    results_identical = all(all(r.get(f) == all_runs[0].get(f) for f in fields) for r in all_runs)
+    results_identical = all(all(r.get(f) == runs[0].get(f) for f in fields) for r in runs)
     if not params_identical:
-        distinct = {json.dumps(r["params"], sort_keys=True) for r in all_runs}
+        distinct = {json.dumps(r["params"], sort_keys=True) for r in runs}
         notes.append("PARAMS DIFFER between runs: " + "; ".join(sorted(distinct)))
 
-    summary = {m: summarize(samples[m]) for m in MODES}
+    summary = {m: {"ttfr": bench.spread(r["time_to_first_result_s"] for r in samples[m]),
+                   "wall": bench.spread(r["wall_s"] for r in samples[m])} for m in MODES}
     print()
-    print(
-        f"{'mode':<16}{'reps':>5}{'ttfr median':>14}{'(min-max)':>18}{'wall median':>14}"
-        f"{'(min-max)':>18}"
-    )
-    for m in MODES:
-        s = summary[m]
-        ttfr_range = f"{s['ttfr_min_s']:.3f}-{s['ttfr_max_s']:.3f} s"
-        wall_range = f"{s['wall_min_s']:.3f}-{s['wall_max_s']:.3f} s"
-        print(
-            f"{m:<16}{s['reps']:>5}{s['ttfr_median_s']:>12.3f} s{ttfr_range:>18}"
-            f"{s['wall_median_s']:>12.3f} s{wall_range:>18}"
-        )
-
-    def ratio(a: str, b: str, fig: str) -> float:
-        return summary[a][f"{fig}_median_s"] / summary[b][f"{fig}_median_s"]
-
-    ratios = {
-        f"{a} / {b}": {fig: ratio(a, b, fig) for fig in ("ttfr", "wall")}
-        for a, b in (
-            ("kiln warm", "jax cache warm"),
-            ("kiln warm", "jax.jit cold"),
-            ("jax cache warm", "jax.jit cold"),
-            ("kiln cold", "jax.jit cold"),
-        )
+    print(bench.table(["mode", "reps", "ttfr median", "(min-max)", "wall median", "(min-max)"], [
+        [m, s["ttfr"]["n"], f"{s['ttfr']['median']:.3f} s",
+         f"{s['ttfr']['min']:.3f}-{s['ttfr']['max']:.3f} s", f"{s['wall']['median']:.3f} s",
+         f"{s['wall']['min']:.3f}-{s['wall']['max']:.3f} s"] for m, s in summary.items()]))
+    by_fig = {fig: bench.ratios({m: s[fig]["median"] for m, s in summary.items()}, "jax.jit cold")
+              for fig in ("ttfr", "wall")}
+    anchor = {fig: summary["jax cache warm"][fig]["median"] for fig in ("ttfr", "wall")}
+    figures = {
+        "kiln warm / jax cache warm": {f: summary["kiln warm"][f]["median"] / anchor[f]
+                                       for f in anchor},
+        **{f"{m} / jax.jit cold": {f: by_fig[f][m] for f in by_fig}
+           for m in ("kiln warm", "jax cache warm", "kiln cold")},
     }
+    pairs = bench.pair_ratios([r["time_to_first_result_s"] for r in samples["kiln cold"]],
+                              [r["time_to_first_result_s"] for r in samples["jax.jit cold"]])
+    cold_pairs = bench.median(pairs)
     print()
-    print(f"{'ratio of medians':<34}{'ttfr':>8}{'wall':>8}")
-    for name, r in ratios.items():
-        print(f"{name:<34}{r['ttfr']:>7.3f}x{r['wall']:>7.3f}x")
-    target_met = ratios["kiln warm / jax cache warm"]["ttfr"] <= TARGET_KILN_VS_JAX_CACHE
-    pair_ratios = [
-        k["time_to_first_result_s"] / j["time_to_first_result_s"]
-        for k, j in zip(samples["kiln cold"], samples["jax.jit cold"], strict=True)
-    ]
-    cold_tax = ratios["kiln cold / jax.jit cold"]["ttfr"]
-    cold_pairs = statistics.median(pair_ratios)
-    print(f"{'kiln cold / jax.jit cold, pairs':<34}{cold_pairs:>7.3f}x  (median of "
-          + ", ".join(f"{r:.3f}" for r in pair_ratios) + ")")
-    print()
-    print(
-        f"target kiln warm / jax cache warm (ttfr) <= {TARGET_KILN_VS_JAX_CACHE}: "
-        f"{'met' if target_met else 'NOT met'}"
-    )
-    print(
-        f"target kiln cold / jax.jit cold (ttfr) <= {TARGET_COLD_TAX}: "
-        f"{'met' if cold_tax <= TARGET_COLD_TAX else 'NOT met'} ({cold_tax:.3f}x of medians, "
-        f"{cold_pairs:.3f}x median of pairs)"
-    )
-    print(
-        f"params identical in all {len(all_runs)} runs: {params_identical}; "
-        f"params, initial state, loss and BFGS steps identical: {results_identical}"
-    )
+    print(bench.table(["ratio of medians", "ttfr", "wall"],
+                      [[name, f"{r['ttfr']:.3f}x", f"{r['wall']:.3f}x"]
+                       for name, r in figures.items()]
+                      + [["kiln cold / jax.jit cold, pairs", f"{cold_pairs:.3f}x", "-"]]))
+    print("(pairs: median of " + ", ".join(f"{r:.3f}" for r in pairs) + ")\n")
+    target_met = figures["kiln warm / jax cache warm"]["ttfr"] <= TARGET_KILN_VS_JAX_CACHE
+    cold_tax = figures["kiln cold / jax.jit cold"]["ttfr"]
+    print(f"target kiln warm / jax cache warm (ttfr) <= {TARGET_KILN_VS_JAX_CACHE}: "
+          f"{'met' if target_met else 'NOT met'}")
+    print(f"target kiln cold / jax.jit cold (ttfr) <= {TARGET_COLD_TAX}: "
+          f"{'met' if cold_tax <= TARGET_COLD_TAX else 'NOT met'} ({cold_tax:.3f}x of medians, "
+          f"{cold_pairs:.3f}x median of pairs)")
+    print(f"params identical in all {len(runs)} runs: {params_identical}; params, initial "
+          f"state, loss and BFGS steps identical: {results_identical}")
     print(f"params: {ref}")
-    print(
-        f"kiln entry bytes: {kiln_entry_bytes}; JAX cache files after all runs: {jax_cache_files}"
-    )
+    print(f"kiln entry bytes: {kiln_entry_bytes}; JAX cache files after all runs: "
+          f"{jax_cache_files}")
     for note in notes:
         print(f"note: {note}")
-
-    if args.json is not None:
-        payload = {
-            "benchmark": "warm_start",
-            "command": command,
-            "quick": args.quick,
-            "versions": vers,
-            "device": device,
-            "cpus": os.cpu_count(),
-            "reps": reps,
-            "cold_reps": cold_reps,
-            "summary": summary,
-            "ratios": ratios,
-            "target_kiln_warm_vs_jax_cache_warm": TARGET_KILN_VS_JAX_CACHE,
-            "target_met": target_met,
-            "cold_pair_ratios": pair_ratios,
-            "target_cold_tax": TARGET_COLD_TAX,
-            "cold_tax_met": cold_tax <= TARGET_COLD_TAX,
-            "params_identical": params_identical,
-            "results_identical": results_identical,
-            "params": ref,
-            "kiln_entry_bytes": kiln_entry_bytes,
-            "jax_cache_files": jax_cache_files,
-            "notes": notes,
-            "runs": {
-                m: [{k: v for k, v in r.items() if k != "stderr_tail"} for r in samples[m]]
-                for m in MODES
-            },
-        }
-        args.json.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    bench.save(args, {
+        "device": device, "cold_reps": cold_reps, "summary": summary, "ratios": figures,
+        "target_kiln_warm_vs_jax_cache_warm": TARGET_KILN_VS_JAX_CACHE,
+        "target_met": target_met, "cold_pair_ratios": pairs, "target_cold_tax": TARGET_COLD_TAX,
+        "cold_tax_met": cold_tax <= TARGET_COLD_TAX, "params_identical": params_identical,
+        "results_identical": results_identical, "params": ref,
+        "kiln_entry_bytes": kiln_entry_bytes, "jax_cache_files": jax_cache_files,
+        "notes": notes, "runs": samples})
     return 0 if params_identical else 1
 
 

@@ -42,10 +42,10 @@ if KILN_SRC.endswith(("site-packages", "dist-packages")):
 
 
 def _benchmarks_harness() -> ModuleType:
-    """``benchmarks/_children.py``, whose ``environment`` (this process's environment less some
+    """``benchmarks/_harness.py``, whose ``environment`` (this process's environment less some
     prefixes, then the settings) the tests' rule is built on; loaded by path."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "_children.py"
-    spec = importlib.util.spec_from_file_location("kiln_benchmark_children", path)
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "_harness.py"
+    spec = importlib.util.spec_from_file_location("kiln_benchmark_harness", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,7 +1,8 @@
-"""The harnesses for child processes (``tests/children.py``, ``benchmarks/_children.py``): the
+"""The harnesses for child processes (``tests/children.py``, ``benchmarks/_harness.py``): the
 one rule for what a child inherits, that no test or benchmark builds a child's environment or
-starts a process on its own, and that every benchmark script writes its figures with
-``--json PATH`` and has its row in ``benchmarks/README.md``."""
+starts a process on its own, and that every benchmark script takes its options from the
+benchmarks' harness, writes its figures with ``--json PATH`` through it and has its row in
+``benchmarks/README.md``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kiln_test_children import KILN_SRC, child_env
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 BENCHMARKS = ROOT / "benchmarks"
-HARNESSES = {TESTS / "children.py", BENCHMARKS / "_children.py"}
+HARNESSES = {TESTS / "children.py", BENCHMARKS / "_harness.py"}
 CHECK = Path(__file__).resolve()  # (this file: its examples of what the check finds)
 
 # a line that starts a process, or copies this process's environment for one
@@ -133,24 +134,22 @@ def _readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def _takes_json(tree: ast.Module) -> bool:
-    """The script's parser has ``--json`` (its own, or that of ``real_programs.start``)."""
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument" and node.args
-                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--json"):
-            return True
-        if (isinstance(node, ast.ImportFrom) and node.module == "real_programs"
-                and any(a.name == "start" for a in node.names)):
-            return True
-    return False
+def _harness_calls(tree: ast.Module) -> set[str]:
+    """The functions of ``benchmarks/_harness.py`` the script calls (``import _harness as
+    bench``; ``bench.options(...)``)."""
+    aliases = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+               for a in n.names if a.name == "_harness"}
+    return {n.func.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Name) and n.func.value.id in aliases}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_every_benchmark_writes_its_figures_with_json(script):
-    source = (BENCHMARKS / script).read_text()
-    assert _takes_json(ast.parse(source)), f"{script} takes no --json PATH"
-    assert "args.json" in source, f"{script} takes --json but never writes it"
+def test_every_benchmark_takes_its_options_and_writes_its_json_through_the_harness(script):
+    """``options`` gives ``--reps`` / ``--json`` / ``--quick``, ``begin`` prints the command
+    line, ``save`` writes the JSON: one front for every script."""
+    assert {"options", "begin", "save"} <= _harness_calls(ast.parse(
+        (BENCHMARKS / script).read_text())), f"{script} does not use the harness's front"
 
 
 def test_every_benchmark_has_its_row_in_the_readme():
