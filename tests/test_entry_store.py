@@ -165,7 +165,7 @@ def test_temp_files_of_killed_writers_are_swept(tmp_path, children):
     pid in the name) has exited, or they are older than any write takes. A prune must never
     delete the temp file of a writer in another process (a prune beside writers once lost 39
     of 60 entries)."""
-    from kiln.stores import _local
+    from kiln.stores import _local_files
 
     store = LocalStore(tmp_path / "s")
     store.put(_key(1), b"x")
@@ -178,11 +178,11 @@ def test_temp_files_of_killed_writers_are_swept(tmp_path, children):
     exited = children.run_child([sys.executable, "-c", "import os; print(os.getpid())"],
                                 check=True)
     dead_pid = int(exited.stdout)
-    dead = folder / f".0000000000000001.{_local._HOST}.{dead_pid}.ghi.tmp"
+    dead = folder / f".0000000000000001.{_local_files.HOST}.{dead_pid}.ghi.tmp"
     dead.write_bytes(b"half")
-    live = folder / f".0000000000000001.{_local._HOST}.{os.getppid()}.jkl.tmp"
+    live = folder / f".0000000000000001.{_local_files.HOST}.{os.getppid()}.jkl.tmp"
     live.write_bytes(b"half")
-    mine = folder / f".0000000000000001.{_local._HOST}.{os.getpid()}.mno.tmp"
+    mine = folder / f".0000000000000001.{_local_files.HOST}.{os.getpid()}.mno.tmp"
     mine.write_bytes(b"half")
     assert len(store.temp_files()) == 5
     # a writer sweeps a folder the first time it writes there (a process's first put; a
@@ -395,9 +395,9 @@ def test_leases_lock_a_byte_each_of_one_file(tmp_path: Path, children: ModuleTyp
     """On Linux a lease is an OFD lock on one byte of ``leases/keys.lock``: no file is created
     per key (a miss's read through the kiln:// route: 0.34 -> 0.16-0.21 ms, docs/benchmarks.md),
     and leases still exclude each other per key, within a process too."""
-    from kiln.stores import _local
+    from kiln.stores import _local_lease
 
-    if not _local._OFD:
+    if not _local_lease.OFD:
         pytest.skip("no open-file-description locks on this system")
     store = LocalStore(tmp_path / "s")
     held = store.lease(_key(1), 30)
@@ -461,17 +461,18 @@ def test_a_forked_child_releasing_an_inherited_lease_closes_nothing_of_its_own(
 
 _FORK_MID_ACQUIRE_SCRIPT = """
 import os, sys, threading, time
-from kiln.stores import LocalStore, _local
+from kiln.stores import LocalStore
+from kiln.stores._local_lease import OFD, fcntl
 store = LocalStore(sys.argv[1])
 key = "ab" * 32
-in_window, real = threading.Event(), _local.fcntl.fcntl if _local._OFD else _local.fcntl.flock
+in_window, real = threading.Event(), fcntl.fcntl if OFD else fcntl.flock
 
 def slow(*args):  # the system call of a lease another thread is taking, made slow
     in_window.set()
     time.sleep(0.5)
     return real(*args)
 
-setattr(_local.fcntl, "fcntl" if _local._OFD else "flock", slow)
+setattr(fcntl, "fcntl" if OFD else "flock", slow)
 lease = store.lease(key, 30)
 taker = threading.Thread(target=lease.acquire)
 taker.start()
@@ -484,7 +485,7 @@ if pid == 0:
     os._exit(0)
 assert os.read(read, 2) == b"up"
 taker.join()
-setattr(_local.fcntl, "fcntl" if _local._OFD else "flock", real)
+setattr(fcntl, "fcntl" if OFD else "flock", real)
 lease.release()
 print(LocalStore(sys.argv[1]).lease(key, 30).acquire(), flush=True)  # the child is alive
 os.kill(pid, 9)
@@ -511,10 +512,9 @@ def test_lease_files_are_removed_by_prune_and_clear_but_never_a_held_one(
     """One lock file per key ever compiled used to stay forever. Where there are no
     OFD locks (macOS) a lease is such a file; on Linux the files an earlier kiln left are
     swept the same way."""
-    from kiln.stores import _local
-    from kiln.stores._local import _LEASE_MIN_AGE
+    from kiln.stores import _local_lease
 
-    monkeypatch.setattr(_local, "_OFD", False)  # files, as on macOS (or an earlier kiln)
+    monkeypatch.setattr(_local_lease, "OFD", False)  # files, as on macOS (or an earlier kiln)
     store = LocalStore(tmp_path / "s")
     for i in (1, 2, 3):
         lease = store.lease(_key(i), 30)
@@ -525,12 +525,12 @@ def test_lease_files_are_removed_by_prune_and_clear_but_never_a_held_one(
     assert held.acquire()  # a compile in progress
     locks = sorted((tmp_path / "s" / "leases").glob("*/*.lock"))
     assert len(locks) == 4
-    old = time.time() - _LEASE_MIN_AGE - 5
+    old = time.time() - _local_lease.LEASE_MIN_AGE - 5
     for path in locks:
         os.utime(path, (old, old))
     if ofd:
-        monkeypatch.setattr(_local, "_OFD", _local.fcntl is not None
-                            and hasattr(_local.fcntl, "F_OFD_SETLK"))
+        monkeypatch.setattr(_local_lease, "OFD", _local_lease.fcntl is not None
+                            and hasattr(_local_lease.fcntl, "F_OFD_SETLK"))
     store.prune(10**9)
     assert [p.stem for p in (tmp_path / "s" / "leases").glob("*/*.lock")] == [_key(4)]
     lease = store.lease(_key(1), 30)  # taken again after the sweep: works as before

@@ -58,53 +58,23 @@ from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
-from .._base import FORMAT_VERSION, EntryError, StoreError, is_key, peek_header, short_key
+from .._base import FORMAT_VERSION, StoreError, is_key, short_key
+from ._backend import HEADER_READ, MIN_RATE, check_key, check_lease, header_of, redact_url, to_evict
 from ._base import EntryStat
-from ._redis import redact_url
+from ._fsspec_open import open_filesystem
 
 __all__ = ["FsspecStore"]
 
 logger = logging.getLogger("kiln")
 
-_HEADER_READ = 1 << 16  # bytes read for a header before falling back to the whole blob
 _USED_EVERY = 3600.0  # seconds between two used-marker writes of one key by one process
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # protocol -> jax-kiln extra
 # object stores: no folders to make (and s3fs's makedirs would create a missing bucket)
 _BUCKETS = {"s3", "s3a", "gs", "gcs"}  # the URL's first part is a bucket that must exist
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "memory"}
 _monotonic = time.monotonic  # the leases' clock (tests replace it)
-_MIN_RATE = 1 << 20  # bytes per second: a write slower than this counts as hung
 # keys of fsspec's info() that hold a modification time, most specific first
 _MTIME_FIELDS = ("LastModified", "mtime", "updated", "last_modified", "modified", "created",
                  "timeCreated")
-
-
-def _env_options(protocols: tuple[str, ...]) -> dict[str, Any]:
-    """fsspec's options for ``protocols`` from its config (files, and the environment as it was
-    when fsspec was imported), updated from the environment as it is now, by fsspec's rules:
-    ``FSSPEC_<PROTOCOL>`` a JSON object, ``FSSPEC_<PROTOCOL>_<OPTION>`` one option (its value
-    JSON-decoded when it parses)."""
-    import fsspec.config
-
-    options: dict[str, Any] = {}
-    for proto in protocols:
-        options.update(fsspec.config.conf.get(proto, {}))
-    for proto in protocols:
-        whole = os.environ.get(f"FSSPEC_{proto.upper()}")
-        if whole:
-            with contextlib.suppress(ValueError):
-                parsed = json.loads(whole)
-                if isinstance(parsed, dict):
-                    options.update(parsed)
-    for proto in protocols:
-        prefix = f"FSSPEC_{proto.upper()}_"
-        for name, text in os.environ.items():
-            if name.startswith(prefix) and len(name) > len(prefix):
-                value: Any = text
-                with contextlib.suppress(ValueError):
-                    value = json.loads(text)
-                options[name[len(prefix):].lower()] = value
-    return options
 
 
 def _is_timeout(e: BaseException) -> bool:
@@ -175,60 +145,14 @@ class FsspecStore:
     ) -> None:
         self.url = redact_url(url)
         self.timeout = timeout
-        protocol = url.split("://", 1)[0] if "://" in url else "file"
-        try:
-            import fsspec
-            import fsspec.core
-        except ImportError:
-            raise StoreError(f"kiln store {self.url!r} needs fsspec: pip install "
-                             f"'jax-kiln[{_EXTRAS.get(protocol, 's3')}]'") from None
-        try:
-            cls = fsspec.get_filesystem_class(protocol)
-        except ImportError:
-            extra = _EXTRAS.get(protocol)
-            hint = (f"pip install 'jax-kiln[{extra}]'" if extra else
-                    f"install the fsspec implementation for {protocol}://")
-            raise StoreError(f"kiln store {self.url!r} needs a package that is not "
-                             f"installed: {hint}") from None
-        except ValueError:
-            raise StoreError(f"kiln store {self.url!r}: fsspec knows no protocol "
-                             f"{protocol!r}") from None
-        protocols = cls.protocol if isinstance(cls.protocol, tuple | list) else (cls.protocol,)
-        options = _env_options(tuple(protocols))
-        options.update(storage_options or {})
-        if "s3" in protocols:
-            config = {"connect_timeout": connect_timeout, "read_timeout": timeout,
-                      # botocore's max_attempts counts retries; total_max_attempts all tries
-                      "retries": {"total_max_attempts": 1}}
-            try:
-                config.update(options.get("config_kwargs") or {})
-            except (TypeError, ValueError) as e:
-                raise StoreError(f"kiln store {self.url!r}: the fsspec option config_kwargs "
-                                 f"(FSSPEC_S3_CONFIG_KWARGS) must be a mapping ({e})") from None
-            options["config_kwargs"] = config
-        options["skip_instance_cache"] = True  # our own instance: our timeouts, no retries
-        options.setdefault("use_listings_cache", False)  # others write here too
-        try:
-            self._fs, root = fsspec.core.url_to_fs(url, **options)
-        except ImportError as e:
-            raise StoreError(f"kiln store {self.url!r} needs a package that is not "
-                             f"installed ({e})") from None
-        except (ValueError, TypeError) as e:
-            raise StoreError(f"kiln store {self.url!r} cannot be opened with fsspec "
-                             f"({e})") from None
         self.connect_timeout = connect_timeout
+        self._fs, root, protocols = open_filesystem(
+            url, self.url, timeout=timeout, connect_timeout=connect_timeout,
+            storage_options=storage_options)
         self._has_folders = not _OBJECT_STORES.intersection(protocols)
         self._has_buckets = bool(_BUCKETS.intersection(protocols))
         # fsspec's sync wrapper of an async file system takes a deadline (``timeout=``)
         self._deadlines = bool(getattr(self._fs, "async_impl", False))
-        if isinstance(getattr(self._fs, "retries", None), int):
-            self._fs.retries = 1  # s3fs, gcsfs: one attempt (a hung store costs one timeout)
-        if "s3" in protocols:
-            # s3fs makes its client (botocore's service model: 0.1-1 s of local work) at the
-            # first request: made here, so a process's first contact with the store, bounded by
-            # remote_timeout, is only the request (a CI run timed the client out at 0.8 s)
-            with contextlib.suppress(Exception):  # (the first request says what is wrong)
-                self._fs.connect()
         self._base = f"{root.rstrip('/')}/v{FORMAT_VERSION}"
         self._used_lock = threading.Lock()
         self._used_at: dict[str, float] = {}  # key -> time.monotonic() of our last marker
@@ -280,9 +204,7 @@ class FsspecStore:
                              "it, or fix the URL in --store / KILN_STORE)")
 
     def _entry(self, key: str) -> str:
-        if not is_key(key):
-            raise ValueError(f"store key must be lowercase hex, got {key!r}")
-        return f"{self._base}/entries/{key[:2]}/{key}.kiln"
+        return f"{self._base}/entries/{check_key(key)[:2]}/{key}.kiln"
 
     def _entries_dir(self) -> str:
         return f"{self._base}/entries"
@@ -292,7 +214,7 @@ class FsspecStore:
         then). Makes missing folders on file systems that have folders (never a bucket)."""
         options: dict[str, Any] = {"mode": "create" if create else "overwrite"}
         if self._deadlines:
-            options["timeout"] = self.connect_timeout + self.timeout + len(data) / _MIN_RATE
+            options["timeout"] = self.connect_timeout + self.timeout + len(data) / MIN_RATE
         try:
             try:
                 self._fs.pipe_file(path, data, **options)
@@ -382,9 +304,7 @@ class FsspecStore:
     # -- protocol ------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         """The blob under ``key``, or ``None``; records its use (see the module docstring)."""
-        path = self._entry(key)
-        with self._errors("read from"):
-            data = self._read(path)
+        data = self.peek(key)
         if data is not None:
             self._mark_used(key)
         return data
@@ -450,19 +370,7 @@ class FsspecStore:
         longer), or ``None`` when there is no entry or it is not one."""
         path = self._entry(key)
         with self._errors("read from"):
-            head = self._read(path, 0, _HEADER_READ)
-            if not head:
-                return None
-            try:
-                return peek_header(head)
-            except EntryError:
-                if len(head) < _HEADER_READ:
-                    return None
-            blob = self._read(path)
-        try:
-            return peek_header(blob) if blob else None
-        except EntryError:
-            return None
+            return header_of(self._read(path, 0, HEADER_READ), lambda: self._read(path))
 
     # -- size management -----------------------------------------------------------------
     def total_size(self) -> int:
@@ -486,13 +394,8 @@ class FsspecStore:
             for key, info in entries.items():
                 created = _mtime(info) or now
                 rows.append((max(created, used.get(key, created)), key, int(info.get("size") or 0)))
-            total = sum(size for _, _, size in rows)
-            evicted: list[str] = []
-            for _, key, size in sorted(rows):
-                if total <= max_size:
-                    break
-                evicted.append(key)
-                total -= size
+            evicted = to_evict([(key, size) for _, key, size in sorted(rows)],
+                               sum(size for _, _, size in rows), max_size)
             if not dry_run:
                 for key in evicted:
                     with contextlib.suppress(FileNotFoundError):
@@ -506,10 +409,7 @@ class FsspecStore:
     def lease(self, key: str, seconds: float) -> _ObjectLease:
         """A lease on ``key`` lasting ``seconds`` unless renewed (not yet acquired); see
         :class:`_ObjectLease` for how it works without clocks shared between hosts."""
-        self._entry(key)
-        if not seconds > 0:
-            raise ValueError(f"a lease lasts a positive number of seconds, got {seconds!r}")
-        return _ObjectLease(self, f"{self._base}/leases/{key}", seconds)
+        return _ObjectLease(self, f"{self._base}/leases/{check_lease(key, seconds)}", seconds)
 
 
 class _ObjectLease:

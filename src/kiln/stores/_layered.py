@@ -43,13 +43,13 @@ from typing import Any, TypeVar
 
 from .._base import StoreError, StoreWarning, _stats, short_key
 from . import _inventory
+from ._backend import MIN_RATE
 from ._base import Counting, EntryStat, Leasable, Lease, Replaceable, Store
 from ._faults import store_fault
 
 __all__ = ["LayeredStore", "RemoteSkipped", "wait_for_uploads"]
 
 T = TypeVar("T")
-_MIN_RATE = 1024 * 1024  # bytes per second an upload may take beyond the timeout
 _READ_BOUND = 10.0  # seconds a whole read may take (the backends' per-answer timeouts end a
 # hung one sooner; this catches a backend without them)
 # Once a store has answered, it may take this many times ``remote_timeout`` per answer (the
@@ -143,9 +143,9 @@ class LayeredStore:
         # gets a second more per MiB, as the fsspec store's own deadline does)
         size = sum(len(a) for a in args if isinstance(a, bytes | bytearray | memoryview))
         if not self._answered:  # the first contact: a hung or dead store costs remote_timeout
-            bound = self.timeout + size / _MIN_RATE
+            bound = self.timeout + size / MIN_RATE
         else:
-            bound = self.timeout * ANSWERED_FACTOR + 1.0 + size / _MIN_RATE
+            bound = self.timeout * ANSWERED_FACTOR + 1.0 + size / MIN_RATE
             if not write:
                 bound = max(bound, _READ_BOUND)  # (a read's size is not known before)
         try:
@@ -192,12 +192,17 @@ class LayeredStore:
         return blob
 
     def peek(self, key: str) -> bytes | None:
+        return self._first(_inventory.peek, key)
+
+    def _first(self, read: Callable[[Store, str], T | None], key: str) -> T | None:
+        """``read(store, key)`` of the local store, else (where it found nothing) of the remote
+        one; ``None`` where neither has it, or the remote one is skipped."""
         if self.local is not None:
-            blob = _inventory.peek(self.local, key)
-            if blob is not None:
-                return blob
-        blob = self._remote("read", _inventory.peek, self.remote, key)
-        return None if blob is _SKIPPED else blob
+            found = read(self.local, key)
+            if found is not None:
+                return found
+        found = self._remote("read", read, self.remote, key)
+        return None if found is _SKIPPED else found
 
     def put(self, key: str, data: bytes) -> None:
         """Write to the local store (replacing what it holds) and, create-only, to the remote."""
@@ -317,20 +322,10 @@ class LayeredStore:
         return iter(sorted(seen))
 
     def stat(self, key: str) -> EntryStat | None:
-        if self.local is not None:
-            st = self.local.stat(key)
-            if st is not None:
-                return st
-        st = self._remote("read", self.remote.stat, key)
-        return None if st is _SKIPPED else st
+        return self._first(lambda store, k: store.stat(k), key)
 
     def header(self, key: str) -> dict[str, Any] | None:
-        if self.local is not None:
-            h = self.local.header(key)
-            if h is not None:
-                return h
-        h = self._remote("read", self.remote.header, key)
-        return None if h is _SKIPPED else h
+        return self._first(lambda store, k: store.header(k), key)
 
     def lease(self, key: str, seconds: float) -> Lease:
         """A lease on ``key`` in the remote store (one compile across hosts), falling back to

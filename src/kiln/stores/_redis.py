@@ -41,11 +41,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._base import FORMAT_VERSION, EntryError, StoreError, is_key, peek_header
+from ._backend import HEADER_READ, check_key, check_lease, header_of, redact_url, to_evict
 from ._base import EntryStat
 
 __all__ = ["RedisStore"]
 
-_HEADER_READ = 1 << 16  # bytes read for a header (GETRANGE) before falling back to the blob
 _BATCH = 500  # keys per pipelined round trip in listings
 
 
@@ -65,29 +65,6 @@ def _wrong_type(e: BaseException) -> bool:
 def _exists(store: RedisStore, name: str) -> bool:
     with store._errors("read from"):
         return bool(store._redis.exists(name))
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (in the authority or a ``password=`` query parameter).
-
-    >>> redact_url("redis://me:secret@cache:6379/1")
-    'redis://me@cache:6379/1'
-    >>> redact_url("unix:///run/redis.sock?db=2&password=secret")
-    'unix:///run/redis.sock?db=2'
-    """
-    parts = urllib.parse.urlsplit(url)
-    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-    if parts.password is None and not any(k.lower() == "password" for k, _ in query):
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}@{host}" if user else host
-    kept = urllib.parse.urlencode([(k, v) for k, v in query if k.lower() != "password"])
-    # by hand: urlunsplit drops the empty authority of unix:///path
-    return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{kept}" if kept else "")
-            + (f"#{parts.fragment}" if parts.fragment else ""))
 
 
 class RedisStore:
@@ -184,9 +161,7 @@ class RedisStore:
                           f"{self._clean(e)}") from None
 
     def _entry(self, key: str) -> str:
-        if not is_key(key):
-            raise ValueError(f"store key must be lowercase hex, got {key!r}")
-        return f"{self._prefix}entry:{key}"
+        return f"{self._prefix}entry:{check_key(key)}"
 
     def _scan(self) -> Iterator[tuple[str, bytes]]:
         """(key, Redis key) of every entry, in SCAN order (each one at least once)."""
@@ -325,7 +300,7 @@ class RedisStore:
         name = self._entry(key)
         with self._errors("read from"):
             idle, size, head = self._untouched(("OBJECT", "IDLETIME", name), ("STRLEN", name),
-                                               ("GETRANGE", name, 0, _HEADER_READ - 1))
+                                               ("GETRANGE", name, 0, HEADER_READ - 1))
             if isinstance(size, BaseException):
                 if not _wrong_type(size):
                     raise size
@@ -345,23 +320,12 @@ class RedisStore:
         header is longer), or ``None`` when there is no entry or it is not one."""
         name = self._entry(key)
         with self._errors("read from"):
-            (head,) = self._untouched(("GETRANGE", name, 0, _HEADER_READ - 1))
+            (head,) = self._untouched(("GETRANGE", name, 0, HEADER_READ - 1))
             if isinstance(head, BaseException):
                 if _wrong_type(head):
                     return None
                 raise head
-        if not head:
-            return None
-        try:
-            return peek_header(bytes(head))
-        except EntryError:
-            if len(head) < _HEADER_READ:
-                return None
-        blob = self.peek(key)
-        try:
-            return peek_header(blob) if blob is not None else None
-        except EntryError:
-            return None
+        return header_of(head, lambda: self.peek(key))
 
     # -- size management -----------------------------------------------------------------
     def total_size(self) -> int:
@@ -376,14 +340,9 @@ class RedisStore:
         :meth:`total_size` counts them). Returns the evicted keys (or those that would be, with
         ``dry_run``). Prefer ``maxmemory-policy allkeys-lru`` on the server."""
         with self._errors("prune"):
-            rows = self._memory_and_idle()
-            total = sum(size for _, size, _ in rows)
-            evicted: list[str] = []
-            for key, size, _ in sorted(rows, key=lambda r: -r[2]):  # stable: ties keep order
-                if total <= max_size:
-                    break
-                evicted.append(key)
-                total -= size
+            rows = sorted(self._memory_and_idle(), key=lambda r: -r[2])  # stable: ties keep order
+            evicted = to_evict([(key, size) for key, size, _ in rows],
+                               sum(size for _, size, _ in rows), max_size)
             if not dry_run:
                 for chunk in range(0, len(evicted), _BATCH):
                     self._redis.delete(*(self._entry(k) for k in evicted[chunk:chunk + _BATCH]))
@@ -394,11 +353,9 @@ class RedisStore:
         """A lease on ``key`` lasting ``seconds`` unless renewed (not yet acquired): redis-py's
         :class:`redis.lock.Lock` on ``kiln:vN:lease:<key>`` (``SET NX PX``; renew and release
         check the token in a Lua script, so a lease taken over is never touched)."""
-        self._entry(key)
-        if not seconds > 0:
-            raise ValueError(f"a lease lasts a positive number of seconds, got {seconds!r}")
-        lock = self._redis.lock(f"{self._prefix}lease:{key}", timeout=max(seconds, 0.001),
-                                blocking=False, thread_local=False)
+        name = f"{self._prefix}lease:{check_lease(key, seconds)}"
+        lock = self._redis.lock(name, timeout=max(seconds, 0.001), blocking=False,
+                                thread_local=False)
         return _RedisLease(self, lock)
 
 
