@@ -377,14 +377,16 @@ class JitFunction:
             result = miss.run(functools.partial(self._memory_miss_reason, call))
             self._verify_reason = result.verify_reason
             self._table[call.key] = result.executable
-            self._entries.append(result.entries)  # (tier-up may add to it later)
+            self._entries.append(result.entries)  # (a tier-up adds its own: _swap_in)
             if result.tier_up is not None:
-                _tier_up.start(result.tier_up, functools.partial(self._swap_in, call.key))
+                _tier_up.start(result.tier_up,
+                               functools.partial(self._swap_in, call.key, result.entries))
             return result.executable
 
-    def _swap_in(self, key: Any, executable: Any) -> None:
+    def _swap_in(self, key: Any, entries: list[Any], executable: Any, written: list[Any]) -> None:
         """Put a tier-up's inlined executable in place of the first one for ``key`` (unless
-        the table was cleared meanwhile)."""
+        the table was cleared meanwhile); the entries it wrote (``written``) join its miss's."""
+        entries.extend(written)
         with self._lock:
             if key in self._table:
                 self._table[key] = executable

@@ -4,7 +4,7 @@
 :class:`Request` of what the miss reads), ``_compile`` (one miss: load the key's entry, or
 single-flight trace, lower, compile and write it, returning one result), made of ``_call_keys``
 (the call's store keys), ``_program`` (the trace and its lowerings), ``_context`` (what the
-reader and the writer share), ``_reader`` (load and check an entry, a bad entry),
+reader and the writer read), ``_reader`` (load and check an entry, a bad entry),
 ``_writer`` (compile, serialize, write) and ``_tier_up``
 (which form of a program calling noinline functions compiles when; the optimised one in the
 background); ``_outputs`` (kiln.filter_jit's non-array outputs), ``_noinline_p`` (the primitive

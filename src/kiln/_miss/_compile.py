@@ -7,13 +7,14 @@ of the function and the call (:class:`Request`, made by ``kiln._jit._function.Ji
 the miss path never imports ``_jit``) and :meth:`_Miss.run` returns one :class:`Result` (the
 executable, the entries it loaded or wrote, the tier-up to start, why it took the verify path).
 It is made of: :class:`CallKeys` (the keys), :class:`Program` (the trace and its lowerings, see
-``_program`` for the words), an :class:`EntryReader` (load, check, a bad entry: it returns what
-it found) and an :class:`EntryWriter` (compile, serialize, write), which share one
-:class:`MissContext`, and a tier-up ``Policy``.
+``_program`` for the words), an :class:`EntryReader` and an :class:`EntryWriter` (reading one
+:class:`MissContext`, returning what they found or wrote: the miss keeps what its reads find out
+per key), and a tier-up ``Policy``, whose ``Plan`` says which form compiles when.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base import EntryError, StoreError, _stats, decode, get_config, short_key
+from .._base import Config, EntryError, StoreError, _stats, decode, get_config, short_key
 from .._keys import manifest_for, user_memos
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
 from . import _tier_up
@@ -32,7 +33,7 @@ from ._context import MissContext
 from ._explain import Explainer
 from ._program import Program, structs
 from ._progress import compiling
-from ._reader import EntryReader, Loaded, Outcome
+from ._reader import EntryReader, Fact, Loaded, Outcome
 from ._writer import EntryWriter
 
 logger = logging.getLogger("kiln")
@@ -44,17 +45,12 @@ _SAME_PROGRAM_COPIES = 2
 _READ_SETS = 4
 
 
-@contextlib.contextmanager
-def _holding(lease: Lease | None, seconds: float) -> Any:
+def _holding(lease: Lease | None, seconds: float) -> contextlib.ExitStack:
     """Hold ``lease`` (if any) for the block (see :class:`kiln.stores.Held`)."""
-    if lease is None:
-        yield
-        return
-    held = Held(lease, seconds)
-    try:
-        yield
-    finally:
-        held.release()
+    holding = contextlib.ExitStack()
+    if lease is not None:
+        holding.callback(Held(lease, seconds).release)
+    return holding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +73,29 @@ class Result:
     tier_up: _tier_up.Plan | None
 
 
+def _read_sets(store: Store, cfg: Config, key: str) -> list[dict[str, Any]] | None:
+    """The read sets of the ``static-reads`` record under ``key`` (the fields each watched
+    static object's trace read, most recent first); None: none, or unreadable; []: a bad one
+    (a hint: any keys soundly, a wrong one only misses; the next record written replaces it)."""
+    try:
+        blob = store.get(key)
+    except (OSError, StoreError):
+        return None  # (the entry's own read meets the fault too, and warns)
+    if blob is None:
+        return None
+    try:
+        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
+    except EntryError as e:
+        logger.debug("kiln: static-reads record %s not used (%s)", short_key(key), e)
+        return []
+    sets = entry.header.get("reads")
+    if entry.header.get("kind") != "static-reads" or not isinstance(sets, list):
+        return []
+    return [r for r in sets if isinstance(r, dict)]
+
+
 def _given(reads: dict[str, Any], _parts: Any) -> dict[str, Any]:
     return reads
-
-
-def _no_reason() -> tuple[str, str] | None:
-    return None
 
 
 class _Miss:
@@ -106,37 +119,20 @@ class _Miss:
         self.policy = _tier_up.Policy(self.program, cfg.tier_up, request.may_tier_up,
                                       self.explain)
         self.ctx = MissContext(request, cfg, self.store, self.program, self.keys, self.explain)
-        self.reader = EntryReader(self.ctx)
-        self.writer = EntryWriter(self.ctx)
+        self.reader, self.writer = EntryReader(self.ctx), EntryWriter(self.ctx)
         self.fp_key: str | None = None
         self.inlined_key: str | None = None  # the verify path's key of the inlined form
         self._manifest_made: tuple[list[list[str]], str | None] | None = None
+        self._facts = collections.defaultdict[str, Fact](lambda: Fact.NONE)  # what reads found
+        self._entries: list[tuple[Store, str]] = []  # executable entries loaded or written
+        self._plan: _tier_up.Plan | None = None  # the last tier-up plan made (Policy.plan)
 
     # -- static objects keyed by the fields their trace read (kiln._keys._static_reads) -----
     def _static_reads_hint(self, parts: Any) -> dict[str, Any] | None:
         """The first of the read sets in the ``static-reads`` record under ``parts``' key
-        (``CallKeys.reads_key``): the fields each watched static object's trace read, most
-        recent first (:meth:`_other_read_sets` tries the others). None when there is none or
-        it cannot be read (a cache's hint: any hint keys soundly, a wrong one only misses; a
-        bad record is replaced by the next one written)."""
-        key = parts.key("static-reads", "")
-        try:
-            blob = self.store.get(key)
-        except (OSError, StoreError):
-            return None  # (the entry's own read meets the fault too, and warns)
-        if blob is None:
-            return None
-        self._hint_read = []
-        try:
-            entry = decode(blob, signing_key=self.cfg.signing_key,
-                           old_keys=self.cfg.signing_keys_old, key=key)
-        except EntryError as e:
-            logger.debug("kiln: static-reads record %s not used (%s)", short_key(key), e)
-            return None
-        sets = entry.header.get("reads")
-        if entry.header.get("kind") != "static-reads" or not isinstance(sets, list):
-            return None
-        self._hint_read = [r for r in sets if isinstance(r, dict)]
+        (``CallKeys.reads_key``, :func:`_read_sets`; :meth:`_other_read_sets` tries the
+        others), or None."""
+        self._hint_read = _read_sets(self.store, self.cfg, parts.key("static-reads", ""))
         return self._hint_read[0] if self._hint_read else None
 
     def _other_read_sets(self) -> Loaded | None:
@@ -155,8 +151,7 @@ class _Miss:
 
     def _use_keys(self, keys: CallKeys) -> None:
         self.ctx = dataclasses.replace(self.ctx, keys=keys)
-        for part in (self.reader, self.writer):
-            part.ctx, part.keys = self.ctx, keys
+        self.reader, self.writer = EntryReader(self.ctx), EntryWriter(self.ctx)
         self.keys = keys
         self.fp_key = None if keys.unsound is not None else keys.fingerprint_key()
 
@@ -173,12 +168,10 @@ class _Miss:
         stored = {name: list(f) for name, f in reads.items() if f is not None}
         sets = [stored] + [r for r in self._hint_read or [] if r != stored][:_READ_SETS - 1]
         if stored and sets != self._hint_read:
-            if self._hint_read is not None:
-                self.ctx.replace_keys.add(keys.reads_key())  # (a remote put is create-only)
             self.writer.put(keys.reads_key(), {
                 "kind": "static-reads", "function": self.request.function,
                 "signature": keys.signature, "reads": sets, "created": time.time()},
-                {}, counted=False)
+                {}, counted=False, replace=self._hint_read is not None)  # (create-only remote)
             self._hint_read = sets
         self.explain("static-reads", "static objects keyed by the fields their trace read: "
                      + "; ".join(f"{n.removeprefix('static:')}: "
@@ -191,29 +184,36 @@ class _Miss:
         return self.program.lower()
 
     # -- the flow -----------------------------------------------------------------------------
-    def run(self, memory_reason: Callable[[], tuple[str, str] | None] = _no_reason) -> Result:
+    def run(self, memory_reason: Callable[[], tuple[str, str] | None] | None = None) -> Result:
         """Load or compile the call's executable, and store it.
 
         ``memory_reason``: (kind, message) saying why the call missed the process's table,
         asked only when explanations are wanted; said when the store misses too, or at once
         for kind ``re-created`` (costly even when the store hits)."""
-        if self.explain.wanted:
+        if self.explain.wanted and memory_reason is not None:
             reason = self.explain.memory_reason = memory_reason()
             if reason and reason[0] == "re-created":
                 self.explain.memory_miss()
         executable = self._run()
-        plan = None
-        if self.policy.start:
-            plan = _tier_up.Plan(self.request.name, self.program, self.policy, self.explain,
-                                 self.compile_inlined)
-        return Result(executable, self.ctx.entries, self.unsound, plan)
+        plan = self._plan
+        return Result(executable, list(self._entries), self.unsound,
+                      self._target(plan) if plan is not None and plan.start else None)
+
+    def _kept(self, key: str, got: Loaded) -> Loaded:
+        """``got``, a read of ``key``, its facts kept (its error raised: ``KILN_STRICT=1``)."""
+        self._facts[key] |= got.facts
+        if got.error is not None:
+            raise got.error
+        return got
 
     def _load(self, key: str, *, lowered: str | None = None) -> Loaded:
-        """The reader's :meth:`EntryReader.load` of ``key``; an entry found that is tier-up's
-        first tier tells the policy (a tier-up in this process, where tier-up is on)."""
-        got = self.reader.load(key, lowered=lowered)
+        """The reader's :meth:`EntryReader.load` of ``key``, kept (a hit's entry too); tier-up's
+        first tier found there makes the plan (a tier-up in this process, where it is on)."""
+        got = self._kept(key, self.reader.load(key, self._facts[key], lowered=lowered))
+        if got.outcome is Outcome.HIT:
+            self._entries.append((self.store, key))
         if got.first_tier:
-            self.policy.loaded_first_tier(key)
+            self._plan = self.policy.plan(key, loaded_tier=True)
         return got
 
     def _run(self) -> Any:
@@ -277,7 +277,7 @@ class _Miss:
             marker = {"kind": "verify-only", "function": self.request.function,
                       "signature": self.keys.signature, "reason": reason,
                       "created": time.time()}
-            self.writer.put(fp_key, marker, {})
+            self.writer.put(fp_key, marker, {}, replace=Fact.REPLACE in self._facts[fp_key])
             return self._verify_path(t_start)
         return self._compile_and_store(fp_key, manifest, t_start, leased=True)
 
@@ -310,23 +310,24 @@ class _Miss:
         nothing is keyed by the lowered module alone, as the verify path is (it is what the
         entry was compiled from), so a fingerprint that differs in every process costs no
         manifest (numpyro's ``_fori_collect_loop``: ~0.01 s of each warm start)."""
-        if not self.request.same_program_alias or self.policy.candidate:
+        if not self.request.same_program_alias or self.policy.candidate():
             return None  # (tier-up's forms are keyed by their own modules)
-        alias = self.reader.alias(self.keys.alias_key())
+        alias_key = self.keys.alias_key()
+        alias = self._kept(alias_key, self.reader.alias(alias_key, self._facts[alias_key])).entry
         if alias is None:
             return None
         lowered = self.program.lowered_facts[0]
-        entry_key = alias.get("entry")
-        if alias.get("lowered") != lowered or not isinstance(entry_key, str):
+        entry_key = alias.header.get("entry")
+        if alias.header.get("lowered") != lowered or not isinstance(entry_key, str):
             return None  # the program changed too
-        copies = alias.get("copies")
+        copies = alias.header.get("copies")
         if not isinstance(copies, int):  # (never written so: store no copy)
             copies = _SAME_PROGRAM_COPIES
         # stored: while fewer than _SAME_PROGRAM_COPIES new fingerprints were in a row; when
         # this fingerprint came before (it is stable after all: the count starts again); when
         # its own entry was there but bad or stale (a replacement, not one more entry)
-        again = alias.get("unstored") == fp_key
-        replacing = fp_key in self.ctx.replace_keys
+        again = alias.header.get("unstored") == fp_key
+        replacing = Fact.REPLACE in self._facts[fp_key]
         store = copies < _SAME_PROGRAM_COPIES or again or replacing
         manifest: list[list[str]] = []
         if store:
@@ -337,11 +338,14 @@ class _Miss:
             got = self._load(entry_key, lowered=lowered)
         if got.outcome is not Outcome.HIT or got.entry is None:
             return None
-        stored = store and self.writer.put_same_program(fp_key, manifest, got.entry)
+        written = (self.writer.put_same_program(fp_key, manifest, got.entry, replace=replacing)
+                   if store else None)
+        self._entries += written or []
+        stored, known = written is not None, self._facts[alias_key]
         if stored:
-            self.writer.put_alias(fp_key, copies=0 if again else copies + 1)
+            self.writer.put_alias(fp_key, known, copies=0 if again else copies + 1)
         else:
-            self.writer.put_alias(entry_key, copies=copies, unstored=fp_key)
+            self.writer.put_alias(entry_key, known, copies=copies, unstored=fp_key)
         self.explain(
             "same-program",
             f"fingerprint changed, lowered module did not: loaded entry {short_key(entry_key)} "
@@ -367,13 +371,13 @@ class _Miss:
             if got.outcome is Outcome.HIT:
                 return got.executable
             return self._trace_and_compile(self.fp_key, t_start)
-        if self.policy.tier_up and self.policy.candidate:
+        if self.cfg.tier_up and self.policy.candidate():
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self.keys.verify_key(self.program.inlined_facts[0], inlined=True)
             got = self._load(self.inlined_key)
             if got.outcome is Outcome.HIT:
                 return got.executable
-            if self.policy.inline_directly:
+            if self.policy.plan(self.inlined_key).inline_now:
                 return self._compile_and_store(self.inlined_key, None, t_start)
         vkey = self.keys.verify_key(self.program.lowered_facts[0])
         got = self._load(vkey)
@@ -403,7 +407,7 @@ class _Miss:
         holder died: a local file lock is freed by the OS at once, a remote lease after
         ``lease_seconds``), and gives up waiting after ``lease_wait`` seconds.
         """
-        if not isinstance(self.store, Leasable) or key in self.reader.no_flight:
+        if not isinstance(self.store, Leasable) or Fact.NO_FLIGHT in self._facts[key]:
             return None, None
         cfg = self.cfg
         try:
@@ -430,7 +434,7 @@ class _Miss:
             flight = await_or_lease(lease, look, seconds=cfg.lease_seconds,
                                     wait=cfg.lease_wait, waiting=waiting)
         except (OSError, StoreError) as e:
-            if cfg.strict and key in self.reader.reported:
+            if cfg.strict and Fact.BAD in self._facts[key]:
                 raise  # KILN_STRICT=1: the entry that went bad while this process waited
             logger.debug("kiln: no lease on %s in %r (%s)", short_key(key), self.store.url, e)
             return None, None
@@ -445,34 +449,34 @@ class _Miss:
         self, key: str, manifest: list[list[str]] | None, t_start: float, *, leased: bool = False
     ) -> Any:
         """Compile and store under ``key``, single-flight (``leased``: the caller already
-        holds, or tried for, the key's lease)."""
+        holds, or tried for, the key's lease), in the form the tier-up plan says."""
         got, lease = (None, None) if leased else self._await_or_lease(key)
         if got is not None and got.outcome is Outcome.HIT:
             return got.executable
         with _holding(lease, self.cfg.lease_seconds):
-            return self._compile_and_store_held(key, manifest, t_start)
+            self.explain.memory_miss()
+            self.program.trace()
+            plan = self._plan = self.policy.plan(key)
+            if plan.inline_now:
+                with self.writer.compiling():  # inlined at once: no lowered program is made
+                    result, inlined = self._target(plan).write(structs(self.program.leaves),
+                                                               t_start)
+                self._entries += inlined
+                _stats.bump(misses=1)
+                return result
+            result, written = self.writer.compile_and_write(
+                key, manifest, t_start, replace=Fact.REPLACE in self._facts[key],
+                alias=self._facts[self.keys.alias_key()],
+                tier_up_candidate=self.policy.candidate())
+        if written is None:  # a not-storable marker there: what is written next replaces it
+            self._facts[key] |= Fact.REPLACE
+        self._entries += written or []
+        return result
 
-    def _compile_and_store_held(
-        self, key: str, manifest: list[list[str]] | None, t_start: float
-    ) -> Any:
-        self.explain.memory_miss()
-        self.program.trace()
-        if self.policy.compile_inlined_now(key):
-            # inlined at once: the lowered program is never made
-            with self.writer.compiling():
-                result = self.compile_inlined(structs(self.program.leaves), t_start)
-            _stats.bump(misses=1)
-            return result
-        return self.writer.compile_and_write(key, manifest, t_start,
-                                             tier_up_candidate=self.policy.candidate)
-
-    def compile_inlined(self, args: list[Any], t0: float) -> Any:
-        """Compile the program with its noinline calls inlined (``args``: its abstract
-        arguments) and store it under its fingerprint key, or on the verify path under the
-        inlined module's key; the callable executable."""
-        key = self.policy.key
-        if key is not None and key == self.fp_key:
-            return self.writer.compile_inlined_and_write(key, fingerprinted=True,
-                                                         args=args, t0=t0)
-        return self.writer.compile_inlined_and_write(self.inlined_key, fingerprinted=False,
-                                                     args=args, t0=t0)
+    def _target(self, plan: _tier_up.Plan) -> _tier_up.Plan:
+        """``plan``, saying where its inlined form is written: under the fingerprint key it
+        was made for, or on the verify path under the inlined module's key (None: nowhere)."""
+        fingerprinted = plan.key == self.fp_key
+        key = plan.key if fingerprinted else self.inlined_key
+        return dataclasses.replace(plan, ctx=self.ctx, store_key=key, fingerprinted=fingerprinted,
+                                   replace=key is not None and Fact.REPLACE in self._facts[key])

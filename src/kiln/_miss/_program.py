@@ -142,9 +142,9 @@ class Program:
                 warnings.simplefilter("always")
                 self.lowered = traced.lower()
             self.trace_seconds += time.perf_counter() - t0
-            for w in caught:  # shown as JAX showed them, and kept for the entry's header
-                if str(w.message).startswith(_LOWERING_WARNINGS):
-                    self.lower_warnings.append(str(w.message))
+            self.lower_warnings = [str(w.message) for w in caught  # for the entry's header
+                                   if str(w.message).startswith(_LOWERING_WARNINGS)]
+            for w in caught:  # shown as JAX showed them
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
                                        source=w.source)
         return self.lowered

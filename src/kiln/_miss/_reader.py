@@ -1,6 +1,7 @@
 """Reading a store entry for one call: load it, check it (digest, manifest, and where the
 program is traced in this process, the lowered module), deserialize it; or say why not, and
-handle a bad entry (warn once, replace it later; ``KILN_STRICT=1``: raise)."""
+handle a bad entry (warn once, replace it later; ``KILN_STRICT=1``: raise). The reader keeps
+nothing: a read returns what it found out about the key (:class:`Fact`), for the miss to keep."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from ._context import MissContext
 from ._explain import describe_persistent_miss
 from ._outputs import wrap_static_outputs
 
-__all__ = ["EntryReader", "Loaded", "Outcome"]
+__all__ = ["EntryReader", "Fact", "Loaded", "Outcome"]
 
 logger = logging.getLogger("kiln")
 
@@ -47,34 +48,42 @@ class Outcome(enum.Enum):
     NOT_STORABLE = "not-storable"
 
 
+class Fact(enum.Flag):
+    """What a read found out about a key besides its outcome; the miss keeps it, per key."""
+
+    NONE = 0
+    REPLACE = enum.auto()  # stale, unusable, a marker, an alias: written with the store's replace
+    KEEP = enum.auto()  # signed, no key here to check it: never replaced (nor an alias written)
+    NO_FLIGHT = enum.auto()  # under a fresh not-storable marker: compiled with no single-flight
+    BAD = enum.auto()  # a bad entry, reported (once per key)
+
+
 @dataclasses.dataclass(frozen=True)
 class Loaded:
+    """What a read found (:meth:`EntryReader.load`, :meth:`EntryReader.alias`)."""
+
     outcome: Outcome
     executable: Any = None  # the callable executable, on a HIT
-    entry: Entry | None = None  # the entry it was loaded from, on a HIT
+    entry: Entry | None = None  # the entry it was loaded from (or the alias), on a HIT
     # the entry found is tier-up's first tier: stored before its inlined form was ready
     # (whether it was then used or not)
     first_tier: bool = False
+    facts: Fact = Fact.NONE  # what this read found out about the key
+    error: StoreError | None = None  # KILN_STRICT=1: a bad entry's, raised by the miss
 
 
 _ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
 
 
 class EntryReader:
-    """The store reads of one miss (``ctx``): :meth:`load` says what it found. A hit's (store,
-    key) goes to ``ctx.entries``; a key whose entry was found stale or unusable to
-    ``ctx.replace_keys``.
-    """
+    """The store reads of one miss (``ctx``): :meth:`load` and :meth:`alias` say what they
+    found, given what the miss knows of the key from its earlier reads (``known``)."""
 
     def __init__(self, ctx: MissContext) -> None:
-        self.ctx = ctx
         self.cfg, self.store, self.request = ctx.cfg, ctx.store, ctx.request
         self.program, self.keys, self.explain = ctx.program, ctx.keys, ctx.explain
-        self.keep_keys = ctx.keep_keys  # signed entries this process cannot check: left alone
-        self.no_flight: set[str] = set()  # keys under a not-storable marker: no single flight
-        self.reported: set[str] = set()  # keys whose bad entry was reported (once per key)
 
-    def load(self, key: str, *, lowered: str | None = None) -> Loaded:
+    def load(self, key: str, known: Fact = Fact.NONE, *, lowered: str | None = None) -> Loaded:
         """Look ``key`` up in the store: a hit (deserialized, ready to run), or why not.
 
         ``lowered``: the digest of this process's lowering of the program, for an entry stored
@@ -97,41 +106,41 @@ class EntryReader:
                         self.store, self.request.function, self.keys.parts.parts,
                         self.keys.fp.parts, self.keys.signature))
             return _ABSENT
-        got = self._use(key, blob, lowered)
-        if (got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and key not in self.keep_keys
-                and lowered is None):
-            self.ctx.replace_keys.add(key)
+        got = self._use(key, blob, known, lowered)
+        if (got.outcome in (Outcome.STALE, Outcome.UNUSABLE) and lowered is None
+                and Fact.KEEP not in known | got.facts):
+            return dataclasses.replace(got, facts=got.facts | Fact.REPLACE)
         return got
 
-    def alias(self, key: str) -> dict[str, Any] | None:
-        """The header of the alias entry under ``key`` (``CallKeys.alias_key``: which entry
-        holds the executable this function and signature last compiled, under which
-        fingerprint, from which lowered module), or None: none, or a bad one (warned about,
-        replaced by the next alias written)."""
+    def alias(self, key: str, known: Fact = Fact.NONE) -> Loaded:
+        """The alias entry under ``key`` (``CallKeys.alias_key``: which entry holds the
+        executable this function and signature last compiled, under which fingerprint, from
+        which lowered module): a HIT whose ``entry`` it is, or why not (none, or a bad one:
+        warned about, replaced by the next alias written)."""
         try:
             blob = self.store.get(key)
         except (OSError, StoreError) as e:
             store_fault(self.store, "read", e, strict=self.cfg.strict)
-            return None
+            return _UNUSABLE
         if blob is None:
-            return None
-        entry = self._decode(key, blob)
-        if key not in self.keep_keys:
-            # the next alias written replaces it (a remote store's put keeps what it holds);
-            # one this process cannot check (signed, no key here) is left as it is
-            self.ctx.replace_keys.add(key)
-        if entry is None or entry.header.get("kind") != "alias":
-            return None
-        return entry.header
+            return _ABSENT
+        got = self._decode(key, blob, known)
+        if isinstance(got, Entry):
+            got = (Loaded(Outcome.HIT, entry=got) if got.header.get("kind") == "alias"
+                   else _UNUSABLE)
+        if Fact.KEEP in known | got.facts:
+            return got  # one this process cannot check (signed, no key here): left as it is
+        # the next alias written replaces it (a remote store's put keeps what it holds)
+        return dataclasses.replace(got, facts=got.facts | Fact.REPLACE)
 
-    def _use(self, key: str, blob: bytes, lowered: str | None = None) -> Loaded:
+    def _use(self, key: str, blob: bytes, known: Fact, lowered: str | None = None) -> Loaded:
         """Verify and deserialize the entry ``blob`` found under ``key``, or say why not
         (``lowered``: see :meth:`load`)."""
         # an alias's entry is another fingerprint's: replaced when that one next misses
         then = ("compiling here" if lowered is not None else "recompiling and replacing it")
-        entry = self._decode(key, blob, then)
-        if entry is None:
-            return _UNUSABLE
+        entry = self._decode(key, blob, known, then)
+        if isinstance(entry, Loaded):
+            return entry
         header = entry.header
         if lowered is not None:
             # an entry of the same program: an executable compiled from this very module
@@ -139,11 +148,11 @@ class EntryReader:
             if (header.get("kind") != "executable" or header.get("lowered") != lowered
                     or header.get("tier") is not None):
                 return _ABSENT
-            return self._deserialized(key, entry)
+            return self._deserialized(key, entry, known)
         marker = self._marker(key, header)
         if marker is not None:
             return marker
-        got = self._stale(header) or self._deserialized(key, entry)
+        got = self._stale(header) or self._deserialized(key, entry, known)
         if header.get("tier") == "noinline":
             got = dataclasses.replace(got, first_tier=True)
         return got
@@ -162,7 +171,7 @@ class EntryReader:
             return _STALE
         return None
 
-    def _deserialized(self, key: str, entry: Entry) -> Loaded:
+    def _deserialized(self, key: str, entry: Entry, known: Fact) -> Loaded:
         """A HIT of ``entry`` (checked against this process's trace, where there is one, and
         deserialized), or why not."""
         header = entry.header
@@ -170,9 +179,18 @@ class EntryReader:
         traced = self._from_trace(key, entry)
         if traced is None:
             return _STALE
-        compiled = self._deserialize(key, entry, *traced)
-        if compiled is None:
-            return _UNUSABLE
+        callbacks, out_tree, static_out = traced
+        try:
+            compiled = _jax_compat.load_compiled(
+                entry.sections, callbacks, out_tree, lapack=bool(header.get("lapack", True)),
+                inputs=self.program.input_objects())
+            if "static_out" in entry.sections:
+                if static_out is None:
+                    static_out = _jax_compat.unpickle_tree(entry.sections["static_out"],
+                                                           self.program.input_objects())
+                compiled = wrap_static_outputs(compiled, *static_out)
+        except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
+            return self._bad_entry(key, known, f"could not be loaded ({type(e).__name__}: {e})")
         load_s = time.perf_counter() - t0
         if self.program.lowered is None and self.program.inlined_lowered is None:
             for message in header.get("warnings", ()):
@@ -184,42 +202,36 @@ class EntryReader:
                     saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.request.name, short_key(key),
                      load_s)
-        self.ctx.entries.append((self.store, key))
         return Loaded(Outcome.HIT, compiled, entry)
 
-    def _decode(self, key: str, blob: bytes,
-                then: str = "recompiling and replacing it") -> Entry | None:
-        """The entry, verified; None for a bad one (warned about, saying ``then``)."""
+    def _decode(self, key: str, blob: bytes, known: Fact,
+                then: str = "recompiling and replacing it") -> Entry | Loaded:
+        """The entry, verified; or for a bad one, UNUSABLE (warned about, saying ``then``)."""
         try:
             return decode(blob, signing_key=self.cfg.signing_key,
                           old_keys=self.cfg.signing_keys_old, key=key)
         except UnverifiableEntry as e:
             # most likely a good entry of a signed fleet store, and this process the one
             # without the key: compile here, and leave the entry alone (never replaced)
-            self.keep_keys.add(key)
-            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} in "
-                            f"{self.store.url!r} is not loaded ({e})",
-                            then="compiling here, leaving the entry as it is")
+            return self._bad_entry(key, known, f"in {self.store.url!r} is not loaded ({e})",
+                                   then="compiling here, leaving the entry as it is",
+                                   facts=Fact.KEEP)
         except EntryError as e:
-            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} in "
-                            f"{self.store.url!r} is unusable ({e})", then=then)
-        return None
+            return self._bad_entry(key, known, f"in {self.store.url!r} is unusable ({e})", then)
 
     def _marker(self, key: str, header: dict[str, Any]) -> Loaded | None:
         """What a marker entry says (verify-only, not-storable), or None for an executable."""
         if header.get("kind") == "verify-only":
             return Loaded(Outcome.VERIFY_ONLY)
         if header.get("kind") == "not-storable":
-            self.ctx.replace_keys.add(key)  # (a real entry, if one can be made later, replaces)
+            # (a real entry, if one can be made later, replaces it)
             if time.time() < float(header.get("expires", 0.0)):
-                self.no_flight.add(key)
                 self.explain("single-flight", f"{short_key(key)}: the process that compiled it "
                              f"could not store it ({header.get('reason', '?')}); compiling "
                              "here without waiting")
-                return Loaded(Outcome.NOT_STORABLE)
-            return _ABSENT
+                return Loaded(Outcome.NOT_STORABLE, facts=Fact.REPLACE | Fact.NO_FLIGHT)
+            return Loaded(Outcome.ABSENT, facts=Fact.REPLACE)
         return None
-
     def _from_trace(self, key: str, entry: Entry) -> tuple[Any, Any, Any] | None:
         """(host callbacks, output tree, non-array outputs) from this process's trace of the
         program where there is one (each None where the entry holds it), or None when the
@@ -268,38 +280,20 @@ class EntryReader:
             return None
         return callbacks, program.traced.out_tree, static_out
 
-    def _deserialize(self, key: str, entry: Entry, callbacks: Any, out_tree: Any,
-                     static_out: Any) -> Any:
-        """The callable executable of ``entry``, or None when it cannot be loaded (warned)."""
-        try:
-            compiled = _jax_compat.load_compiled(
-                entry.sections, callbacks, out_tree,
-                lapack=bool(entry.header.get("lapack", True)),
-                inputs=self.program.input_objects(),
-            )
-            if "static_out" in entry.sections:
-                if static_out is None:
-                    static_out = _jax_compat.unpickle_tree(entry.sections["static_out"],
-                                                           self.program.input_objects())
-                compiled = wrap_static_outputs(compiled, *static_out)
-        except Exception as e:  # noqa: BLE001 - a bad entry must never crash the program
-            self._bad_entry(key, f"kiln: entry {short_key(key)} of {self.request.name} could not "
-                            f"be loaded ({type(e).__name__}: {e})")
-            return None
-        return compiled
-
-    def _bad_entry(self, key: str, message: str,
-                   then: str = "recompiling and replacing it") -> None:
-        """Count and warn about a bad entry (``then`` says what kiln does next), once per key
-        (not again when single-flight looks at the same entry once more; an entry that goes
-        bad while this process polls for it is reported too); with ``KILN_STRICT=1`` a
-        :class:`StoreError`."""
-        if key in self.reported:
-            return
-        self.reported.add(key)
+    def _bad_entry(self, key: str, known: Fact, what: str,
+                   then: str = "recompiling and replacing it", facts: Fact = Fact.NONE) -> Loaded:
+        """UNUSABLE (with ``facts``) for a bad entry (``what`` is wrong), counted and warned about
+        (``then``: what kiln does next) once per key (BAD: not again when single-flight looks at
+        it once more; one that goes bad while this process polls for it is reported too); with
+        ``KILN_STRICT=1`` carrying a :class:`StoreError`."""
+        got = Loaded(Outcome.UNUSABLE, facts=facts | Fact.BAD)
+        if Fact.BAD in known:
+            return got
+        message = f"kiln: entry {short_key(key)} of {self.request.name} {what}"
         _stats.bump(bad_entries=1)
         self.explain("bad-entry", f"{message.removeprefix('kiln: ')}; {then}")
         if self.cfg.strict:
-            raise StoreError(f"{message} (KILN_STRICT=1 makes this an error; unset it to warn "
-                             "and recompile)")
+            return dataclasses.replace(got, error=StoreError(
+                f"{message} (KILN_STRICT=1 makes this an error; unset it to warn and recompile)"))
         warnings.warn(f"{message}; {then}", StoreWarning, stacklevel=user_stacklevel())
+        return got

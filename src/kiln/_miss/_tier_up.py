@@ -32,11 +32,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base import _jax_compat, _stats
+from ..stores import Store
 from . import _noinline_p
+from ._context import MissContext
 from ._explain import Explainer
 from ._program import Program, structs
+from ._writer import EntryWriter
 
-__all__ = ["Plan", "Policy", "wait_for_tier_up", "start"]
+__all__ = ["Plan", "Policy", "start", "wait_for_tier_up"]
 
 logger = logging.getLogger("kiln")
 
@@ -50,44 +53,35 @@ MAX_EQUATIONS = 50_000
 DIRECT_RATIO = 2.0
 
 
+@dataclasses.dataclass(frozen=True)
 class Policy:
     """Which form of a program that calls kiln.noinline functions is compiled, and when: the
     lowered one first and the inlined one in the background (tier-up), the inlined one
-    directly, or the lowered one only. Decided once per miss, after tracing.
+    directly, or the lowered one only (:meth:`plan`). What it finds out about the traced
+    program (:meth:`candidate`, whether to inline directly) it finds, and says, once."""
 
-    ``start``: after this miss, compile the inlined form in the background (:func:`start`),
-    to replace the entry under ``key``.
-    """
+    program: Program
+    tier_up: bool  # the tier_up setting (KILN_TIER_UP)
+    may_tier_up: bool  # False for kiln.noinline's own executables
+    explain: Explainer
 
-    def __init__(self, program: Program, tier_up: bool, may_tier_up: bool,
-                 explain: Explainer) -> None:
-        self.program = program
-        self.tier_up = tier_up  # the tier_up setting (KILN_TIER_UP)
-        self.may_tier_up = may_tier_up  # False for kiln.noinline's own executables
-        self.explain = explain
-        self.start = False
-        self.key: str | None = None
+    def plan(self, key: str, loaded_tier: bool = False) -> Plan:
+        """The plan for the entry under ``key``, about to be compiled; or (``loaded_tier``)
+        found in the store as tier-up's first tier, stored before its inlined form was ready:
+        tier up in this process (where tier-up is on)."""
+        if loaded_tier:
+            return Plan(self, key, start=self.tier_up and self.may_tier_up)
+        inlined = self._candidate and self.tier_up
+        now = inlined and self._inline_directly
+        return Plan(self, key, start=inlined and not now, inline_now=now)
 
-    def compile_inlined_now(self, key: str) -> bool:
-        """About to compile the entry under ``key``: whether to compile the inlined form at
-        once (``inline_directly``); else ``start`` says whether a tier-up follows."""
-        self.key = key
-        self.start = self.candidate and self.tier_up
-        if self.start and self.inline_directly:
-            self.start = False
-            return True
-        return False
-
-    def loaded_first_tier(self, key: str) -> None:
-        """The entry under ``key`` was stored before its inlined form was ready: tier up in
-        this process (where tier-up is on)."""
-        if self.tier_up and self.may_tier_up:
-            self.start, self.key = True, key
-
-    @functools.cached_property
     def candidate(self) -> bool:
         """Whether this (traced) program calls kiln.noinline functions that tier-up would
         inline, and is small enough once inlined; whether tier-up is on is separate."""
+        return self._candidate
+
+    @functools.cached_property
+    def _candidate(self) -> bool:
         traced = self.program.traced
         assert traced is not None  # internal invariant: asked after tracing
         if not self.may_tier_up or not _noinline_p.calls_in(traced.jaxpr.jaxpr):
@@ -103,7 +97,7 @@ class Policy:
         return True
 
     @functools.cached_property
-    def inline_directly(self) -> bool:
+    def _inline_directly(self) -> bool:
         """Whether to skip the host-callback tier: inlining the noinline calls makes the program
         at most ``DIRECT_RATIO`` times larger than its separately compiled pieces."""
         traced = self.program.traced
@@ -118,6 +112,34 @@ class Policy:
             f"equations, its separately compiled pieces {separate}",
         )
         return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a miss does about tier-up for the entry under ``key`` (:meth:`Policy.plan`):
+    compile the inlined form instead (``inline_now``), or after the miss in the background
+    (``start``), or neither; and (``_Miss._target``) with ``ctx``'s writer, under ``store_key``
+    (None: not at all), ``fingerprinted`` (with its manifest) or not, with ``replace`` or not."""
+
+    policy: Policy
+    key: str
+    start: bool = False
+    inline_now: bool = False
+    ctx: MissContext | None = None
+    store_key: str | None = None
+    fingerprinted: bool = False
+    replace: bool = False
+
+    def write(self, args: list[Any], t0: float) -> tuple[Any, list[tuple[Store, str]]]:
+        """Compile the program with its noinline calls inlined (``args``: its abstract
+        arguments) and store it as planned: (the callable executable, entries written)."""
+        assert self.ctx is not None  # internal invariant: the miss said where (_Miss._target)
+        return EntryWriter(self.ctx).compile_inlined_and_write(
+            self.store_key, args, t0, fingerprinted=self.fingerprinted, replace=self.replace)
+
+
+# puts a tier-up's executable in the function's table, and the entries it wrote with its others
+SwapIn = Callable[[Any, list[tuple[Store, str]]], None]
 
 _pending: set[threading.Thread] = set()
 _pending_lock = threading.Lock()
@@ -150,38 +172,24 @@ def wait_for_tier_up(timeout: float | None = None) -> bool:
                 return False
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """A tier-up a miss asks for (its result's ``tier_up``): the program of the function
-    ``name`` to compile inlined, the ``policy`` that decided it, and ``compile_inlined(args,
-    t0)``, which compiles and stores that form and gives its executable."""
-
-    name: str
-    program: Program
-    policy: Policy
-    explain: Explainer
-    compile_inlined: Callable[[list[Any], float], Any]
-
-
-def start(plan: Plan, swap_in: Callable[[Any], None]) -> None:
+def start(plan: Plan, swap_in: SwapIn) -> None:
     """Compile ``plan``'s program inlined in a background thread, store it, and hand the
-    executable to ``swap_in`` (the function's table puts it in place of the first one).
+    executable and entries written to ``swap_in`` (the table puts it in place of the first one).
 
     Called right after the lowered program's executable was put in the table, before it first
     runs (the argument leaves are still alive, even if donated).
     """
     thread = threading.Thread(
         target=_run,
-        args=(plan, swap_in, structs(plan.program.leaves), _jax_compat.local_config()),
-        name=f"kiln tier-up {plan.name}", daemon=True,
+        args=(plan, swap_in, structs(plan.policy.program.leaves), _jax_compat.local_config()),
+        name=f"kiln tier-up {plan.policy.program.name}", daemon=True,
     )
     with _pending_lock:
         _pending.add(thread)
     thread.start()
 
 
-def _run(plan: Plan, swap_in: Callable[[Any], None], structs: list[Any],
-         config: list[Any]) -> None:
+def _run(plan: Plan, swap_in: SwapIn, structs: list[Any], config: list[Any]) -> None:
     try:
         # the caller's thread-local jax config (a `with jax.enable_x64(True):` block, ...)
         with _jax_compat.apply_local_config(config):
@@ -189,24 +197,23 @@ def _run(plan: Plan, swap_in: Callable[[Any], None], structs: list[Any],
     except Exception as e:  # noqa: BLE001 - tier-up is an optimization: never break the program
         logger.warning(
             "kiln: tier-up of %s failed (%s: %s); it keeps calling its noinline functions",
-            plan.name, type(e).__name__, e,
+            plan.policy.program.name, type(e).__name__, e,
         )
     finally:
         with _pending_lock:
             _pending.discard(threading.current_thread())
 
 
-def _compile_inlined(plan: Plan, swap_in: Callable[[Any], None], structs: list[Any]) -> None:
+def _compile_inlined(plan: Plan, swap_in: SwapIn, structs: list[Any]) -> None:
     t0 = time.perf_counter()
-    if plan.program.traced is None:  # loaded without tracing: trace now (in this thread)
-        plan.program.trace()
-        if not plan.policy.candidate:
+    if plan.policy.program.traced is None:  # loaded without tracing: trace now (in this thread)
+        plan.policy.program.trace()
+        if not plan.policy.candidate():
             return
-    result = plan.compile_inlined(structs, t0)
-    swap_in(result)
+    swap_in(*plan.write(structs, t0))
     _stats.bump(tier_ups=1)
-    plan.explain("tier-up", f"inlined program swapped in (compiled in the background in "
-                            f"{time.perf_counter() - t0:.2f} s)")
+    plan.policy.explain("tier-up", f"inlined program swapped in (compiled in the background "
+                                   f"in {time.perf_counter() - t0:.2f} s)")
 
 
 @atexit.register

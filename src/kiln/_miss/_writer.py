@@ -12,36 +12,37 @@ from typing import Any
 from .._base import Entry, KilnWarning, StoreError, _jax_compat, _stats, encode
 from .._keys import is_user_object, make_key, manifest_for
 from .._travel import kiln_compiling
-from ..stores import RemoteSkipped, Replaceable, store_fault, user_stacklevel
+from ..stores import RemoteSkipped, Replaceable, Store, store_fault, user_stacklevel
 from . import _noinline_p
 from ._context import MissContext
 from ._outputs import wrap_static_outputs
 from ._program import arg_avals
 from ._progress import compiling
+from ._reader import Fact
 
 __all__ = ["EntryWriter"]
 
 
 class EntryWriter:
-    """The compiles and store writes of one miss (``ctx``). Each executable entry written goes
-    to ``ctx.entries`` (store, key); a key in ``ctx.replace_keys`` is written with the store's
-    ``replace`` (a remote store's put keeps what it holds).
-    """
+    """The compiles and store writes of one miss (``ctx``), which keeps nothing: a write is
+    told whether to use the store's ``replace`` (a remote store's put keeps what it holds) and
+    returns the (store, key) entries it wrote ([]: the store failed, warned about; None: the
+    executable cannot be stored)."""
 
     def __init__(self, ctx: MissContext) -> None:
-        self.ctx = ctx
         self.cfg, self.store, self.request = ctx.cfg, ctx.store, ctx.request
         self.program, self.keys, self.explain = ctx.program, ctx.keys, ctx.explain
-        self.not_storable_reason = ""  # why the executable could not be stored (_serialize)
 
     def compiling(self) -> Any:
         """The progress line while this call's program compiles."""
         return compiling(f"{self.request.name} ({self.keys.signature})", self.cfg.progress)
 
     def compile_and_write(self, key: str, manifest: list[list[str]] | None, t_start: float, *,
-                          tier_up_candidate: bool) -> Any:
+                          replace: bool, alias: Fact, tier_up_candidate: bool,
+                          ) -> tuple[Any, list[tuple[Store, str]] | None]:
         """Compile the lowered program and write it under ``key`` (``manifest`` None: keyed by
-        the lowered module); the callable executable."""
+        the lowered module; ``alias``: what the miss knows of the alias key): the callable
+        executable and the entries written (None: a not-storable marker, written instead)."""
         lowered = self.program.lower()
         # The header's facts (the lowered module's digest, the noinline calls) are Python work
         # XLA's compile does not wait on: computed on a thread while compile runs without the
@@ -60,27 +61,28 @@ class EntryWriter:
         _stats.bump(misses=1, compiles=1, compile_seconds=total)
         result, sections, mode = self._serialize(compiled)
         if sections is None:
-            self._put_not_storable(key)
-            return result
+            self._put_not_storable(key, mode)
+            return result, None
         header = self._header(mode, manifest, total, compile_s, *self.program.lowered_facts)
         if tier_up_candidate:
             header["tier"] = "noinline"  # replaced by its inlined form after a tier-up
-        self.put(key, header, sections)
+        written = self.put(key, header, sections, replace=replace)
         if manifest is not None and not tier_up_candidate and self.request.same_program_alias:
-            self.put_alias(key, copies=0)
-        return result
+            self.put_alias(key, alias, copies=0)
+        return result, written
 
-    def put_alias(self, key: str, *, copies: int, unstored: str | None = None) -> None:
+    def put_alias(self, key: str, known: Fact, *, copies: int, unstored: str | None = None) -> None:
         """Under the call's alias key (``CallKeys.alias_key``): the entry ``key`` holds what
         this function and signature compiled last, and from which lowered module. A later
         process whose fingerprint of the function differs but whose lowering is the same loads
         it instead of compiling (``_Miss._same_program``). ``copies``: how many times in a row
         it was stored again under a new fingerprint that way; ``unstored``: the last
         fingerprint key it was loaded for and not stored under (stored when it comes again).
-        An alias this process cannot verify (signed, no key here) is left as it is."""
-        alias_key = self.keys.alias_key()
-        if alias_key in self.ctx.keep_keys:
+        ``known``: what the miss knows of the alias key (KEEP: an alias this process cannot
+        verify, signed with no key here, is left as it is)."""
+        if Fact.KEEP in known:
             return
+        alias_key = self.keys.alias_key()
         header = {"kind": "alias", "function": self.request.function,
                   "signature": self.keys.signature, "lowered": self.program.lowered_facts[0],
                   "entry": key, "copies": copies, "created": time.time()}
@@ -88,13 +90,14 @@ class EntryWriter:
             header["unstored"] = unstored
         # (an alias this miss read is replaced: EntryReader.alias; the mode reads it before
         # every compile that writes one)
-        self.put(alias_key, header, {}, counted=False)
+        self.put(alias_key, header, {}, counted=False, replace=Fact.REPLACE in known)
 
-    def put_same_program(self, key: str, manifest: list[list[str]], entry: Entry) -> bool:
+    def put_same_program(self, key: str, manifest: list[list[str]], entry: Entry, *,
+                         replace: bool) -> list[tuple[Store, str]] | None:
         """Store under ``key`` (this call's fingerprint key) the executable of ``entry``, an
         entry of this very program under another fingerprint, with what this process's trace
         gives and the lowered module does not hold (host callbacks bound to its objects, the
-        output tree, non-array outputs). False when it cannot be stored."""
+        output tree, non-array outputs)."""
         program = self.program
         assert program.traced is not None  # internal invariant: loaded after tracing
         try:
@@ -104,20 +107,21 @@ class EntryWriter:
                 live=self.keys.fp.objects, is_user=is_user_object, codes=self.keys.fp.codes)
         except _jax_compat.Unserializable as e:
             self.explain("same-program", f"not stored under this fingerprint: {e}")
-            return False
+            return None
         old = entry.header
         header = self._header(mode, manifest, float(old.get("compile_seconds", 0.0)),
                               float(old.get("xla_compile_seconds", 0.0)),
                               *program.lowered_facts)
-        self.put(key, header, sections)
-        return True
+        return self.put(key, header, sections, replace=replace)
 
-    def compile_inlined_and_write(self, key: str | None, *, fingerprinted: bool,
-                                  args: list[Any], t0: float) -> Any:
+    def compile_inlined_and_write(self, key: str | None, args: list[Any], t0: float, *,
+                                  fingerprinted: bool, replace: bool,
+                                  ) -> tuple[Any, list[tuple[Store, str]]]:
         """Compile the program with its noinline calls inlined, and write it (header ``tier:
         inlined``) under ``key``: the fingerprint key (``fingerprinted``: its manifest holds the
         noinline functions' code too), or on the verify path the inlined module's key (None:
-        not written). ``args``: its abstract arguments. The callable executable."""
+        not written). ``args``: its abstract arguments. The callable executable, and the entries
+        written."""
         program = self.program
         assert program.traced is not None  # internal invariant
         inlined_lowered = program.lower_inlined(args)
@@ -131,7 +135,7 @@ class EntryWriter:
         _stats.bump(compiles=1, compile_seconds=seconds)
         result, sections, mode = self._serialize(compiled)
         if sections is None or key is None:
-            return result
+            return result, []
         manifest = None
         if fingerprinted:
             # the inlined executable also depends on the noinline functions' own code
@@ -146,13 +150,12 @@ class EntryWriter:
                                             | program.emitted)
             if reason is not None:
                 self.explain("tier-up", f"inlined program not stored: {reason}")
-                return result
+                return result, []
         # the digest of what was compiled: a warm process checks it (audit mode, callbacks
         # rebuilt by tracing) against its own inlined lowering
         header = self._header(mode, manifest, seconds, seconds, *program.inlined_facts)
         header["tier"] = "inlined"
-        self.put(key, header, sections)
-        return result
+        return result, self.put(key, header, sections, replace=replace)
 
     def _header_facts(self) -> None:
         try:
@@ -161,8 +164,8 @@ class EntryWriter:
             pass
 
     def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
-        """(the callable, its entry sections or None when it cannot be stored, callbacks mode).
-        Must run before the executable's first run (see ``serialize_compiled``)."""
+        """(the callable, its entry sections, callbacks mode), or (the callable, None, why it
+        cannot be stored). Must run before the executable's first run (``serialize_compiled``)."""
         static_out = self.program.static_out()
         result = compiled if static_out is None else wrap_static_outputs(compiled, *static_out)
         try:
@@ -174,12 +177,11 @@ class EntryWriter:
                 sections["static_out"] = _jax_compat.pickle_tree(static_out, inputs)
         except _jax_compat.Unserializable as e:
             self.explain("unstorable", f"executable not stored: {e}")
-            self.not_storable_reason = str(e)
             self._not_stored(str(e), e.advice)
-            return result, None, "none"
+            return result, None, str(e)
         return result, sections, mode
 
-    def _put_not_storable(self, key: str) -> None:
+    def _put_not_storable(self, key: str, reason: str) -> None:
         """Under the key this process just compiled and could not store (while it still holds
         the key's lease): a marker that lasts ``lease_seconds``. The processes waiting for the
         entry read it and compile at once, together, instead of taking the key over one after
@@ -187,10 +189,9 @@ class EntryWriter:
         tries to store the executable again (another version of a library may manage)."""
         now = time.time()
         marker = {"kind": "not-storable", "function": self.request.function,
-                  "signature": self.keys.signature, "reason": self.not_storable_reason,
+                  "signature": self.keys.signature, "reason": reason,
                   "created": now, "expires": now + self.cfg.lease_seconds}
-        self.ctx.replace_keys.add(key)  # (an expired marker may be there: a remote put keeps it)
-        self.put(key, marker, {}, counted=False)
+        self.put(key, marker, {}, counted=False, replace=True)  # (over an expired marker)
 
     def _not_stored(self, reason: str, advice: str) -> None:
         """Never silent: a function whose executable cannot be stored warns once per
@@ -243,20 +244,20 @@ class EntryWriter:
         return header
 
     def put(self, key: str, header: dict[str, Any], sections: dict[str, bytes], *,
-            counted: bool = True) -> None:
-        """Write an entry (or a marker: ``sections`` empty) under ``key``."""
+            replace: bool, counted: bool = True) -> list[tuple[Store, str]]:
+        """Write an entry (or a marker: ``sections`` empty) under ``key``, with the store's
+        ``replace`` where ``replace`` says so: [(store, key)], or [] where it was not written."""
         blob = encode({**header, "key": key}, sections, signing_key=self.cfg.signing_key)
         write = self.store.put
-        if key in self.ctx.replace_keys and isinstance(self.store, Replaceable):
+        if replace and isinstance(self.store, Replaceable):
             write = self.store.replace  # (a remote store's put keeps what it holds)
         try:
             write(key, blob)
         except RemoteSkipped:
-            return  # (a remote-only store skipped since its fault, warned about then)
+            return []  # (a remote-only store skipped since its fault, warned about then)
         except (OSError, StoreError) as e:
             store_fault(self.store, "write to", e, strict=self.cfg.strict)
-            return
+            return []
         if counted:
             _stats.bump(stores_written=1)
-        if header.get("kind") == "executable":
-            self.ctx.entries.append((self.store, key))
+        return [(self.store, key)]
