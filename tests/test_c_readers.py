@@ -422,9 +422,9 @@ def test_a_source_that_is_no_local_file_is_unkeyable(tmp_path: Path) -> None:
         with pytest.raises(OSError):
             h5py.File(str(tmp_path / "part%d.h5"), "r", driver="family")
     assert r.unkeyable is not None and "HDF5 driver family" in r.unkeyable, r.unkeyable
-    with pytest.raises(_reads._NotLocal):
-        _reads._local("s3://bucket/table.parquet")
-    assert _reads._local("file:///data/t%20x.parquet") == "/data/t x.parquet"
+    with pytest.raises(_reads._c_readers._NotLocal):
+        _reads._c_readers._local("s3://bucket/table.parquet")
+    assert _reads._c_readers._local("file:///data/t%20x.parquet") == "/data/t x.parquet"
 
 
 def test_kiln_imports_no_reader_library(tmp_path: Path) -> None:

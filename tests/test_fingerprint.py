@@ -476,7 +476,7 @@ def test_a_library_setting_is_keyed_by_its_values_not_its_lock_or_the_environmen
     made in each process, and ``os.environ``: keyed by what they are, so an unchanged program
     warm-starts (tests/test_c_readers.py across processes); a changed setting is another key."""
     donfig = pytest.importorskip("donfig")
-    from kiln._keys._walker import Walker
+    from kiln._keys._walk import Walker
 
     def digest(cfg: Any) -> str:
         w = Walker()

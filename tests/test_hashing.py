@@ -329,13 +329,13 @@ def test_bfloat16_differs_from_float16() -> None:
 
 def test_jax_array_matches_numpy_and_is_memoised(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real = _hashing._jax_array_digest_uncached
+    real = _hashing._jax._jax_array_digest_uncached
 
     def counting(x: Any) -> bytes:
         calls.append(1)
         return real(x)
 
-    monkeypatch.setattr(_hashing, "_jax_array_digest_uncached", counting)
+    monkeypatch.setattr(_hashing._jax, "_jax_array_digest_uncached", counting)
     host = np.arange(12, dtype=np.float32).reshape(3, 4)
     dev = jnp.asarray(host)
     assert array_digest(dev) == array_digest(host)
@@ -352,10 +352,10 @@ def test_jax_memo_entry_removed_after_gc() -> None:
     x = jnp.arange(5)
     d(x)
     key = id(x)
-    assert key in _hashing._JAX_MEMO
+    assert key in _hashing._jax._JAX_MEMO
     del x
     gc.collect()
-    assert key not in _hashing._JAX_MEMO
+    assert key not in _hashing._jax._JAX_MEMO
 
 
 def test_prng_key() -> None:

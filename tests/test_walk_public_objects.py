@@ -53,7 +53,8 @@ LIBRARIES = [
 _PER_KIND = 2  # objects of each kind per library that also get a full kiln.jit call
 _KILN_DIR = os.path.dirname(os.path.realpath(kiln.__file__)) + os.sep
 # the modules of the walk (kiln._keys._fingerprint and what it calls)
-_WALK_FILES = ("_fingerprint.py", "_walker.py", "_code.py", "_libraries.py")
+_WALK_FILES = ("_fingerprint.py", "_walk/__init__.py", "_code.py", "_objects.py",
+               "_libraries.py")
 
 
 # ----------------------------------------------------------------------------------------------

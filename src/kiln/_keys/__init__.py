@@ -2,7 +2,7 @@
 
 ``_args`` (the call's arguments: avals, static values, pytree structure), ``_hashing`` (static
 values hashed by value: arrays by shape, dtype and bytes), ``_fingerprint`` (the code and data a
-trace used: the static walk of ``_walker`` over code digested by ``_code``, libraries counted
+trace used: the static walk of ``_walk`` over code digested by ``_code``, libraries counted
 by version as ``_libraries`` tells them from user code), ``_recorder`` and ``_manifest`` (what
 ran while tracing, as a manifest checked on a warm start), ``_reads`` (files and directories a
 trace read), ``_environ`` (environment variables a trace read, and installed libraries'
@@ -28,6 +28,7 @@ from ._key import make_key as make_key
 from ._key import option_text as option_text
 from ._key import treedef_parts as treedef_parts
 from ._libraries import is_user_object as is_user_object
+from ._libraries import library_version as library_version
 from ._libraries import script_module as script_module
 from ._manifest import check_manifest as check_manifest
 from ._manifest import manifest_for as manifest_for
@@ -38,7 +39,8 @@ from ._static_reads import StaticReadWatch as StaticReadWatch
 from ._watchable import watchable as watchable
 
 __all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "environment_parts",
-           "Fingerprint", "fingerprint", "is_user_object", "KeyParts", "machine", "make_key",
+           "Fingerprint", "fingerprint", "is_user_object", "KeyParts",
+           "library_version", "machine", "make_key",
            "manifest_for",
            "ndarray_key", "option_text", "script_module", "static_digest", "StaticReadWatch",
            "static_digest_by_code", "STATIC_LEAF",

@@ -24,7 +24,7 @@ import dis
 import inspect
 import logging
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -71,19 +71,24 @@ def callback_roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
     callable (module doc), each with the attributes read off it to get the callable (``ops``
     of ``ops.transform``: ``{"ops": {"transform"}}``; a name passed as it is: no attribute).
     Empty for almost every function (a look at ``co_names`` first)."""
-    code = fn.__code__
-    if not _API_NAMES & set(code.co_names):
+    if not _API_NAMES & set(fn.__code__.co_names):
         return _NONE
-    key = (code, id(fn.__globals__))
-    got = _cache.get(key)
+    return _cached(_cache, _roots, fn, _NONE)
+
+
+def _cached(cache: dict[tuple[types.CodeType, int], Any], find: Callable[[types.FunctionType], Any],
+            fn: types.FunctionType, default: Any) -> Any:
+    """``find(fn)``, once per code and globals (``default`` when it fails: keyed by value)."""
+    key = (fn.__code__, id(fn.__globals__))
+    got = cache.get(key)
     if got is None:
         try:
-            got = _roots(fn)
-        except Exception:  # noqa: BLE001 - anything unexpected: no roots (keyed by value)
-            got = _NONE
-        if len(_cache) > 4096:
-            _cache.clear()
-        _cache[key] = got
+            got = find(fn)
+        except Exception:  # noqa: BLE001 - anything unexpected: none (keyed by value)
+            got = default
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = got
     return got
 
 
@@ -192,15 +197,7 @@ def _whole_first_argument(ins: list[dis.Instruction], j: int, first_end: int) ->
     ``first_end``, the later arguments stay above it (depth >= 2: an instruction that took the
     value, as ``BUILD_TUPLE`` takes a lambda's default in ``callback(lambda v, r=RUN_ID: ...)``,
     leaves at most its one result) until the call, where the depth drops below zero."""
-    depth, depths, end = 0, [], None
-    for k in range(j, len(ins)):
-        if ins[k].opcode in _JUMPS:
-            return False
-        depth += _effect(ins[k])
-        depths.append(depth)
-        if depth < 0:
-            end = k
-            break
+    depths, end = _call_depths(ins, j)
     if end is None or first_end >= end:
         return False
     tail = end
@@ -209,6 +206,22 @@ def _whole_first_argument(ins: list[dis.Instruction], j: int, first_end: int) ->
     later = range(first_end + 1, tail + 1)
     return (depths[first_end - j] == 1 and all(depths[k - j] >= 2 for k in later)
             and not any(ins[k].opname in _REORDER for k in later))
+
+
+def _call_depths(ins: list[dis.Instruction], j: int,
+                 stop: frozenset[str] = frozenset()) -> tuple[list[int], int | None]:
+    """The stack depth after each instruction from ``ins[j]`` (where a call's arguments start)
+    to the one that takes them (its index; None when a jump, or one of ``stop``, comes first)."""
+    depth = 0
+    depths: list[int] = []
+    for k in range(j, len(ins)):
+        if ins[k].opcode in _JUMPS or ins[k].opname in stop:
+            return depths, None
+        depth += _effect(ins[k])
+        depths.append(depth)
+        if depth < 0:
+            return depths, k
+    return depths, None
 
 
 def callback_only_names(fn: types.FunctionType) -> frozenset[str]:
@@ -291,20 +304,9 @@ def log_only_names(fn: types.FunctionType) -> frozenset[str]:
     documented difference, docs/never-stale.md). Keying them made every warm start miss when
     the name held a run id (issue 42). An argument that is computed (``str(RUN_ID)``,
     ``RUN_ID.upper()``) or a value used anywhere else keeps the name keyed."""
-    code = fn.__code__
-    if not (_LOG_METHODS | {"print"}) & set(code.co_names):
+    if not (_LOG_METHODS | {"print"}) & set(fn.__code__.co_names):
         return frozenset()
-    key = (code, id(fn.__globals__))
-    got = _log_cache.get(key)
-    if got is None:
-        try:
-            got = _log_only(fn)
-        except Exception:  # noqa: BLE001 - anything unexpected: none (keyed by value)
-            got = frozenset()
-        if len(_log_cache) > 4096:
-            _log_cache.clear()
-        _log_cache[key] = got
-    return got
+    return _cached(_log_cache, _log_only, fn, frozenset())
 
 
 def _log_only(fn: types.FunctionType) -> frozenset[str]:
@@ -363,15 +365,7 @@ def _bare_global_arguments(ins: list[dis.Instruction], j: int,
                            consts: tuple[Any, ...]) -> list[str]:
     """The globals loaded as a whole argument (nothing done to the value until the call) of
     the call whose arguments start at ``ins[j]``."""
-    depth, depths, end = 0, [], None
-    for k in range(j, len(ins)):
-        if ins[k].opcode in _JUMPS or ins[k].opname in _REORDER:
-            return []
-        depth += _effect(ins[k])
-        depths.append(depth)
-        if depth < 0:
-            end = k
-            break
+    depths, end = _call_depths(ins, j, _REORDER)
     if end is None or ins[end].opname not in ("CALL", "CALL_KW"):
         return []  # (``*args``, ``**kwargs``: which argument is which is not plain)
     tail = end - 1  # the last instruction before this call's own tail (not a nested call's)

@@ -20,9 +20,9 @@ Only what the trace read is keyed: a variable it never read does not matter, and
 (``HOME``) hits as long as it holds the same value. Reads made by kiln itself and by the
 import system (a module imported while tracing reads its settings at import: the module's
 values are keyed instead, below, or as a ``<module>`` item for user code) are not recorded
-(:func:`kiln._keys._reads._caller_is_machinery`). A variable the trace read that holds another
-value when the trace ends (the trace set it, ``os.environ.setdefault``, or another thread did)
-makes the recording unkeyable: the function takes the verify path.
+(:func:`kiln._keys._reads._state._caller_is_machinery`). A variable the trace read that holds
+another value when the trace ends (the trace set it, ``os.environ.setdefault``, or another
+thread did) makes the recording unkeyable: the function takes the verify path.
 
 Library settings. An installed library that reads an environment variable once, at import,
 into a module global (equinox's ``EQX_ON_ERROR`` in ``equinox._config``, imported by
@@ -51,14 +51,14 @@ import os
 import sys
 import threading
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import xxhash
 
 from ._code import code_names
-from ._libraries import KILN_ROOT, LIB_ROOTS
-from ._reads import _caller_is_machinery
+from ._libraries import KILN_ROOT, installed_path
+from ._reads._state import _caller_is_machinery
 
 __all__ = ["ENV", "EnvWatch", "LIBGLOBALS", "check_env", "check_library_globals",
            "library_globals"]
@@ -158,18 +158,16 @@ def _caller_is_jax(frame: Any) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=4096)
 def _top_of(filename: str) -> str | None:
     """The top-level package an installed file belongs to; ``""`` for the stdlib (and frozen
     modules), None for any other file."""
     if filename.startswith("<frozen "):
         return ""
-    real = os.path.realpath(filename)
-    for root in sorted(LIB_ROOTS, key=len, reverse=True):  # site-packages inside the stdlib
-        if real.startswith(root):
-            top = real[len(root):].split(os.sep, 1)[0].removesuffix(".py")
-            return "" if top in sys.stdlib_module_names else top
-    return None
+    path = installed_path(filename)
+    if path is None:
+        return None
+    top = path.split(os.sep, 1)[0].removesuffix(".py")
+    return "" if top in sys.stdlib_module_names else top
 
 
 def _note(watches: tuple[EnvWatch, ...], name: Any) -> None:
@@ -180,40 +178,24 @@ def _note(watches: tuple[EnvWatch, ...], name: Any) -> None:
             w.unkeyable = w.unkeyable or "kiln could not record a read of os.environ"
 
 
-def _getitem_watched(self: Any, key: Any) -> Any:
-    watches = _watches(self)
-    if watches:
-        _note(watches, key)
-    return _getitem(self, key)
+def _watched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a method of ``os.environ``'s class), noting for the watches of this thread
+    what it reads: the variable ``os.environ[key]`` names, the whole environment otherwise."""
+
+    def watched(self: Any, *key: Any) -> Any:
+        watches = _watches(self)
+        if watches:
+            _note(watches, key[0] if key else None)
+        return original(self, *key)
+
+    watched.__name__ = watched.__qualname__ = name
+    watched.__doc__ = original.__doc__
+    watched.__wrapped__ = original  # type: ignore[attr-defined]
+    return watched
 
 
-def _iter_watched(self: Any) -> Iterator[Any]:
-    watches = _watches(self)
-    if watches:
-        _note(watches, None)
-    return _iter(self)  # type: ignore[no-any-return]
-
-
-def _len_watched(self: Any) -> int:
-    watches = _watches(self)
-    if watches:
-        _note(watches, None)
-    return _len(self)  # type: ignore[no-any-return]
-
-
-def _repr_watched(self: Any) -> str:
-    watches = _watches(self)
-    if watches:
-        _note(watches, None)
-    return _repr(self)  # type: ignore[no-any-return]
-
-
-_WRAPPERS = (("__getitem__", _getitem, _getitem_watched), ("__iter__", _iter, _iter_watched),
-             ("__len__", _len, _len_watched), ("__repr__", _repr, _repr_watched))
-for _name, _original, _wrapper in _WRAPPERS:
-    _wrapper.__name__ = _wrapper.__qualname__ = _name
-    _wrapper.__doc__ = _original.__doc__
-    _wrapper.__wrapped__ = _original  # type: ignore[union-attr]
+_WRAPPERS = tuple((name, original, _watched(name, original)) for name, original in (
+    ("__getitem__", _getitem), ("__iter__", _iter), ("__len__", _len), ("__repr__", _repr)))
 
 
 def _wrap() -> None:
@@ -316,21 +298,16 @@ def _library_module_name(filename: str) -> str | None:
     """The dotted name of the installed library module ``filename`` would be imported as
     (``.../site-packages/equinox/_errors.py``: ``equinox._errors``), None for user code, the
     stdlib, code compiled from a string and the libraries of ``_KEYED_ELSEWHERE``."""
-    if not filename.endswith(".py"):
+    path = installed_path(filename) if filename.endswith(".py") else None
+    if path is None or _realpath(filename).startswith(KILN_ROOT):
         return None
-    real = _realpath(filename)
-    if real.startswith(KILN_ROOT):
+    parts = path[:-3].split(os.sep)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if (not parts or not all(p.isidentifier() for p in parts)
+            or parts[0] in sys.stdlib_module_names or parts[0] in _KEYED_ELSEWHERE):
         return None
-    for root in sorted(LIB_ROOTS, key=len, reverse=True):  # site-packages inside the stdlib
-        if real.startswith(root):
-            parts = real[len(root):-3].split(os.sep)
-            if parts[-1] == "__init__":
-                parts.pop()
-            if (not parts or not all(p.isidentifier() for p in parts)
-                    or parts[0] in sys.stdlib_module_names or parts[0] in _KEYED_ELSEWHERE):
-                return None
-            return ".".join(parts)
-    return None
+    return ".".join(parts)
 
 
 def _plain_text(v: Any) -> str | None:

@@ -6,7 +6,7 @@ A fingerprint has two layers (as ccache's direct mode does for headers):
    (bytecode, constants including nested code, names; not line numbers), its defaults, closure
    values, and every module-level value its code names, recursing into user functions, user
    modules' attributes and user classes' methods. Values are hashed by value
-   (:mod:`kiln._keys._hashing`). The walk is :class:`kiln._keys._walker.Walker`.
+   (:mod:`kiln._keys._hashing`). The walk is :class:`kiln._keys._walk.Walker`.
 2. **Manifest** (stored in the entry, re-checked on a warm lookup,
    :mod:`kiln._keys._manifest`): after tracing cold, every user-code function that emitted
    part of the program is read off the equations' source tracebacks (and, on Python 3.12+,
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._walker import Walker, walk_failure
+from ._walk import Walker, class_code, walk_failure
 
 __all__ = ["Fingerprint", "fingerprint"]
 
@@ -80,7 +80,7 @@ def fingerprint(fun: Callable[..., Any], *, extra: list[tuple[str, Any]] = (),  
     try:
         w.value(getattr(fun, "__qualname__", type(fun).__qualname__), fun)
         if not isinstance(fun, types.FunctionType | functools.partial | types.MethodType):
-            w.klass(type(fun))  # a callable object: its class's __call__ and methods
+            class_code(w, type(fun))  # a callable object: its class's __call__ and methods
         for name, v in extra:
             w.add(f"extra:{name}", "")
             w.seen.discard(id(v))

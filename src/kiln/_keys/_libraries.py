@@ -35,6 +35,7 @@ __all__ = [
     "KILN_ROOT",
     "LIB_ROOTS",
     "has_file",
+    "installed_path",
     "is_user_class",
     "is_user_file",
     "is_user_object",
@@ -75,6 +76,18 @@ def is_user_file(filename: str) -> bool:
         return False
     real = os.path.realpath(filename)
     return not real.startswith(LIB_ROOTS) and not real.startswith(KILN_ROOT)
+
+
+@functools.lru_cache(maxsize=4096)
+def installed_path(filename: str) -> str | None:
+    """Where installed file ``filename`` lies under the stdlib or site-packages folder it is
+    in (``flax/core/scope.py``; the longest such folder: site-packages lie inside the stdlib's),
+    by its real path; None for any other file."""
+    real = os.path.realpath(filename)
+    for root in sorted(LIB_ROOTS, key=len, reverse=True):
+        if real.startswith(root):
+            return real[len(root):]
+    return None
 
 
 def module_is_user(mod: types.ModuleType) -> bool:

@@ -4,7 +4,7 @@ warm start before an entry is used.
 Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
 
 - ``[module, qualname, digest]``: a user function that ran while tracing, by a full static walk
-  of it (:class:`kiln._keys._walker.Walker`);
+  of it (:class:`kiln._keys._walk.Walker`);
 - ``[module, "<module>", digest, names]``: a user module imported while tracing, by the values
   of the attributes ``names``;
 - ``[path, "<file>" | "<dir>", digest, stat]``: a file or directory the trace read, and
@@ -28,7 +28,7 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
   a rule for any primitive, jax's own included (:func:`_primitives_digest`);
 - ``[package, "<config>", digest]``: the config object of an installed library whose code
   ran while tracing (``flax.config``), by value
-  (:func:`kiln._keys._walker.library_config_object`).
+  (:func:`kiln._keys._walk.library_config_object`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from ._code import code_names
 from ._environ import ENV, LIBGLOBALS, check_env, check_library_globals, library_globals
 from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
-from ._libraries import LIB_ROOTS, is_user_class, is_user_file, module_is_user
+from ._libraries import installed_path, is_user_class, is_user_file, module_is_user
 from ._memos import MEMO, check_memo
 from ._reads import DIR, FILE, STAT, check_read, check_stat
 from ._rngs import RNG, check_rng
-from ._walker import Walker, library_config_object, module_attr, slots_of, walk_failure
+from ._walk import Walker, function_code, library_config_object, module_attr, state_of, walk_failure
 
 __all__ = ["check_manifest", "manifest_for"]
 
@@ -148,7 +148,7 @@ def _function_digest(fn: types.FunctionType) -> str:
     Raises:
         Unpersistable: some part has no canonical digest (or the walk failed on it).
     """
-    return _walked_digest(lambda w: w.function(fn))
+    return _walked_digest(lambda w: function_code(w, fn))
 
 
 def manifest_for(
@@ -190,12 +190,11 @@ def manifest_for(
     """
     if read_reason is not None:
         return [], read_reason
-    covered = fp.codes
-    modules: list[list[str]] = []
     names = set(fp.names)
     for code in codes:
         if is_user_file(code.co_filename):
             names |= code_names(code)
+    modules: list[list[str]] = []
     for mname in sorted(imported):
         mod = sys.modules.get(mname)
         if mod is None or not module_is_user(mod):
@@ -205,6 +204,20 @@ def manifest_for(
             modules.append([mname, "<module>", _module_digest(mod, attrs), ",".join(attrs)])
         except Unpersistable as e:
             return [], f"module {mname} (imported while tracing): {e}"
+    functions, reason = _function_items(codes, fp.codes)
+    if reason is not None:
+        return [], reason
+    try:
+        tail = _library_items(codes, primitives, library_codes)
+    except Unpersistable as e:
+        return [], str(e)
+    return functions + modules + list(reads) + tail, None
+
+
+def _function_items(codes: set[types.CodeType],
+                    covered: set[types.CodeType]) -> tuple[list[list[str]], str | None]:
+    """``[module, qualname, digest]`` for each user function in ``codes`` the walk did not
+    cover, found again by module and qualname."""
     items: dict[tuple[str, str], str] = {}
     by_file: dict[str, str] | None = None
     for code in sorted(codes, key=lambda c: (c.co_filename, c.co_qualname)):
@@ -225,7 +238,7 @@ def manifest_for(
             return [], f"{code.co_qualname} ({code.co_filename}) is not in an imported module"
         fn = _resolve(module, code.co_qualname)
         if isinstance(fn, type):
-            continue  # a class body running at import: its attributes are walked by klass()
+            continue  # a class body running at import: its attributes are walked by class_code
         qualname = code.co_qualname
         if not isinstance(fn, types.FunctionType) or not _contains(fn.__code__, code):
             name = _find_in_module(module, code)
@@ -241,37 +254,32 @@ def manifest_for(
             items[key] = _function_digest(fn)
         except Unpersistable as e:
             return [], f"{module}.{qualname}: {e}"
+    return [[m, q, d] for (m, q), d in sorted(items.items())], None
+
+
+def _library_items(codes: set[types.CodeType], primitives: Sequence[Any],
+                   library_codes: set[types.CodeType] | None) -> list[list[str]]:
+    """The rules of the primitives bound, the config objects and the plain globals of the
+    installed libraries whose code ran.
+
+    Raises:
+        Unpersistable: some part has no canonical digest.
+    """
     tail: list[list[str]] = []
-    try:
-        # only primitives whose rules reach user code (a custom primitive, a rule you
-        # registered for one of jax's): a library's own rules count with its version, and
-        # some are registered lazily, by a lowering in another thread (tier-up), so keying
-        # them made a warm start miss at random (seen on Python 3.12, jax 0.12)
-        bound = sorted({p.name for p in primitives if _reaches_user(p)})
-        if bound:
-            tail.append(["<jaxpr>", PRIMITIVES, _primitives_digest(bound), ",".join(bound)])
-        tops = {_library_of(f) for f in {c.co_filename for c in codes}}
-        for top in sorted(t for t in tops if t is not None):
-            if library_config_object(top) is not None:
-                tail.append([top, CONFIG, _config_digest(top)])
-        tail += library_globals(codes if library_codes is None else library_codes)
-    except Unpersistable as e:
-        return [], str(e)
-    return ([[m, q, d] for (m, q), d in sorted(items.items())] + modules + list(reads)
-            + tail), None
-
-
-@functools.lru_cache(maxsize=4096)
-def _library_of(filename: str) -> str | None:
-    """The top-level package of an installed library's file (``.../site-packages/flax/core/
-    scope.py``: ``flax``), None for user code and the stdlib's own files."""
-    real = os.path.realpath(filename)
-    for root in sorted(LIB_ROOTS, key=len, reverse=True):  # site-packages inside the stdlib
-        if real.startswith(root):
-            first = real[len(root):].split(os.sep, 1)[0]
-            top = first.removesuffix(".py")
-            return top if top.isidentifier() and top not in sys.stdlib_module_names else None
-    return None
+    # only primitives whose rules reach user code (a custom primitive, a rule you
+    # registered for one of jax's): a library's own rules count with its version, and
+    # some are registered lazily, by a lowering in another thread (tier-up), so keying
+    # them made a warm start miss at random (seen on Python 3.12, jax 0.12)
+    bound = sorted({p.name for p in primitives if _reaches_user(p)})
+    if bound:
+        tail.append(["<jaxpr>", PRIMITIVES, _primitives_digest(bound), ",".join(bound)])
+    # the top-level packages of the installed libraries whose code ran (flax of its core/scope.py)
+    tops = {p.split(os.sep, 1)[0].removesuffix(".py") for c in codes
+            if (p := installed_path(c.co_filename)) is not None}
+    for top in sorted(t for t in tops if t.isidentifier() and t not in sys.stdlib_module_names):
+        if library_config_object(top) is not None:
+            tail.append([top, CONFIG, _config_digest(top)])
+    return tail + library_globals(codes if library_codes is None else library_codes)
 
 
 def _config_digest(top: str) -> str:
@@ -314,7 +322,7 @@ def _primitives_digest(names: Iterable[str]) -> str:
             for i, prim in enumerate(prims):
                 shapes = _rule_shapes(prim)
                 if is_user_class(type(prim)) or any(sh is None for _, sh in shapes):
-                    w.value(f"{name}[{i}]", prim)  # the full walk (Walker.try_walk_primitive)
+                    w.value(f"{name}[{i}]", prim)  # the full walk (_objects.try_walk_primitive)
                     continue
                 cls = type(prim)
                 w.add(f"primitive:{name}[{i}]", f"{cls.__module__}.{cls.__qualname__}")
@@ -409,9 +417,7 @@ def _library_shape(rule: Any) -> str | None:
         try:
             add(f"{tp.__module__}.{tp.__qualname__}:{getattr(v, '__module__', '')}."
                 f"{getattr(v, '__qualname__', '')};")
-            state = getattr(v, "__dict__", None)
-            items = sorted(state.items(), key=lambda kv: kv[0]) if isinstance(state, dict) else []
-            items += [(a, getattr(v, a)) for a in slots_of(tp) if hasattr(v, a)]
+            items = state_of(v) or []
         except Exception:  # noqa: BLE001 - an attribute hook failing: walked in full
             return False
         return all(feed(x, depth + 1) for x in items)
@@ -449,70 +455,13 @@ def check_manifest(
     if fun_globals is not None:
         namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])}
     for module, qualname, digest, *rest in items:
-        if qualname in (FILE, DIR):
-            # a file or directory the cold trace read: ``module`` is its path
-            changed = check_read(module, qualname, digest, rest[0] if rest else "")
+        check = _CHECKS.get(qualname)
+        if check is not None:
+            changed = check(module, digest, rest[0] if rest else "")
             if changed is not None:
                 return changed
             continue
-        if qualname == MEMO:
-            # a memo (lru_cache) the cold trace got a value from: ``rest[0]`` its qualname
-            changed = check_memo(module, rest[0] if rest else "", digest)
-            if changed is not None:
-                return changed
-            continue
-        if qualname == RNG:
-            # a global random generator the cold trace drew from: ``module`` is its name
-            changed = check_rng(module, digest)
-            if changed is not None:
-                return changed
-            continue
-        if qualname == ENV:
-            # an environment variable the cold trace read (the whole environment: "all")
-            changed = check_env(module, digest, bool(rest) and rest[0] == "all")
-            if changed is not None:
-                return changed
-            continue
-        if qualname == LIBGLOBALS:
-            # plain globals of an installed library's module that code the trace ran reads
-            changed = check_library_globals(module, digest, rest[0] if rest else "")
-            if changed is not None:
-                return changed
-            continue
-        if qualname == STAT:
-            # a path the cold trace checked (os.path.exists, os.stat): ``module`` is its path
-            changed = check_stat(module, digest, rest[0] if rest else "")
-            if changed is not None:
-                return changed
-            continue
-        if qualname == PRIMITIVES:
-            try:
-                now = _primitives_digest(rest[0].split(",") if rest and rest[0] else [])
-            except Unpersistable as e:
-                return f"rules of the program's primitives: {e}"
-            if now != digest:
-                return "a rule registered for one of the program's primitives changed"
-            continue
-        if qualname == CONFIG:
-            try:
-                if module not in sys.modules:
-                    importlib.import_module(module)
-                now = _config_digest(module)
-            except Exception as e:  # noqa: BLE001 - a library that no longer imports: stale
-                return f"config of {module}: {type(e).__name__}: {e}"
-            if now != digest:
-                return f"{module}.config changed"
-            continue
-        if qualname == "<module>":
-            # a module the cold trace imported: import it now if this process has not
-            try:
-                mod = sys.modules.get(module) or importlib.import_module(module)
-                now = _module_digest(mod, rest[0].split(",") if rest and rest[0] else [])
-            except Exception as e:  # noqa: BLE001 - a module that no longer imports: stale
-                return f"module {module}: {type(e).__name__}: {e}"
-            if now != digest:
-                return f"values read from module {module} changed"
-            continue
+        # a user function that ran while tracing
         fn = _resolve(module, qualname, namespaces)
         if not isinstance(fn, types.FunctionType):
             return f"{module}.{qualname} no longer exists"
@@ -523,3 +472,48 @@ def check_manifest(
         if now != digest:
             return f"code or globals of {module}.{qualname} changed"
     return None
+
+
+def _check_primitives(_: str, digest: str, names: str) -> str | None:
+    try:
+        now = _primitives_digest(names.split(",") if names else [])
+    except Unpersistable as e:
+        return f"rules of the program's primitives: {e}"
+    if now != digest:
+        return "a rule registered for one of the program's primitives changed"
+    return None
+
+
+def _check_config(module: str, digest: str, _: str) -> str | None:
+    try:
+        if module not in sys.modules:
+            importlib.import_module(module)
+        now = _config_digest(module)
+    except Exception as e:  # noqa: BLE001 - a library that no longer imports: stale
+        return f"config of {module}: {type(e).__name__}: {e}"
+    return None if now == digest else f"{module}.config changed"
+
+
+def _check_module(module: str, digest: str, names: str) -> str | None:
+    """A module the cold trace imported: imported now if this process has not."""
+    try:
+        mod = sys.modules.get(module) or importlib.import_module(module)
+        now = _module_digest(mod, names.split(",") if names else [])
+    except Exception as e:  # noqa: BLE001 - a module that no longer imports: stale
+        return f"module {module}: {type(e).__name__}: {e}"
+    return None if now == digest else f"values read from module {module} changed"
+
+
+# the check of each kind of item but a function's: (module or path, digest, its 4th field)
+_CHECKS: dict[str, Callable[[str, str, str], str | None]] = {
+    FILE: lambda path, digest, stat: check_read(path, FILE, digest, stat),
+    DIR: lambda path, digest, stat: check_read(path, DIR, digest, stat),
+    STAT: check_stat,  # a path the cold trace checked (os.path.exists, os.stat): by how
+    MEMO: lambda module, digest, qualname: check_memo(module, qualname, digest),
+    RNG: lambda name, digest, _: check_rng(name, digest),  # a global generator drawn from
+    ENV: lambda name, digest, whole: check_env(name, digest, whole == "all"),
+    LIBGLOBALS: check_library_globals,  # plain globals of a library module its code reads
+    PRIMITIVES: _check_primitives,
+    CONFIG: _check_config,
+    "<module>": _check_module,
+}

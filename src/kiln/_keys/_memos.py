@@ -12,7 +12,7 @@ lookup against what the memo holds then (:func:`check_memo`). A memo the trace o
 
 What the memo holds is read through the garbage collector's view of the C wrapper
 (``gc.get_referents``: the cache dict of ``functools.cache``; the keys and results of a bounded
-``lru_cache``'s entries), each entry digested by value (:class:`kiln._keys._walker.Walker`) and
+``lru_cache``'s entries), each entry digested by value (:class:`kiln._keys._walk.Walker`) and
 the digests sorted, so the order of recent use does not count. A memo that holds what has no
 value makes the recording unkeyable (the verify path), never a guess.
 
@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import functools
 import gc
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import xxhash
 
 from ._libraries import is_user_file
-from ._walker import Walker, walk_failure
+from ._walk import resolve_name, strict_digest
 
 __all__ = ["MEMO", "MemoWatch", "check_memo", "user_memos"]
 
@@ -77,16 +76,10 @@ def _digest(held: list[Any]) -> str:
         ValueError: an item has no value (its reason)."""
     parts = []
     for item in held:
-        w = Walker()
-        w.strict = True
-        try:
-            w.value("memo", item)
-            w.finish()
-        except Exception as e:  # noqa: BLE001 - never into the user's call
-            w.unsound(walk_failure(e))
-        if w.reason is not None:
-            raise ValueError(w.reason)
-        parts.append(w.digest())
+        digest, reason = strict_digest("memo", item)
+        if reason is not None:
+            raise ValueError(reason)
+        parts.append(digest)
     h = xxhash.xxh3_128()
     for d in sorted(parts):
         h.update(d.encode())
@@ -120,7 +113,7 @@ class MemoWatch:
             if memo.cache_info().hits == hits:
                 continue
             module, qualname = _name(memo)
-            if _find(module, qualname) is not memo:
+            if resolve_name(module, qualname) is not memo:
                 self.reason = self.reason or (
                     f"the trace got a value from the memo {module}.{qualname}, which cannot "
                     "be found again by name")
@@ -134,19 +127,10 @@ class MemoWatch:
         self._before = []
 
 
-def _find(module: str, qualname: str) -> Any:
-    obj: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        if obj is None or part == "<locals>":
-            return None
-        obj = getattr(obj, part, None)
-    return obj
-
-
 def check_memo(module: str, qualname: str, digest: str) -> str | None:
     """None if memo ``module.qualname`` holds what it held when the cold trace got a value
     from it, else what changed."""
-    memo = _find(module, qualname)
+    memo = resolve_name(module, qualname)
     if type(memo) is not _WRAPPER:
         return f"memo {module}.{qualname} no longer exists"
     try:

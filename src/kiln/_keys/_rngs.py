@@ -8,7 +8,7 @@ every process that does not seed them, and in every process that seeds them from
 clock. A function that reads ``np.pi`` beside ``jax.random.normal`` *reaches* numpy's generator
 by name (``numpy.random.normal``), but its trace never draws from it: keying the generator's
 state there made such a function miss on every run (issue 42). So the static walk keys a global
-generator by what it is only (:meth:`kiln._keys._walker.Walker.walk_rng`), and a
+generator by what it is only (:func:`kiln._keys._walk._objects.walk_rng`), and a
 :class:`RngWatch` around the trace compares each global generator's state before and after:
 one whose state moved was drawn from (a draw always advances the state), and its state before
 the trace becomes a manifest item, ``[name, "<rng>", digest]``, re-checked on a warm lookup

@@ -12,7 +12,7 @@ takes the verify path (a lock has no value): issue 42. So an object that can be 
    hashed or compared. The read set is the names read that are fields of the object or are
    neither fields nor class attributes (a missing field read through ``hasattr`` counts).
 2. The entry is stored under the fingerprint that walks only those fields
-   (:meth:`kiln._keys._walker.Walker.static_fields`; the read set is a key part too), and the
+   (:meth:`kiln._keys._walk.Walker.static_fields`; the read set is a key part too), and the
    read set is stored as a hint under the call's ``static-reads`` key.
 3. A warm start reads the hint and keys the object by the fields it names.
 
@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._walker import Walker, walk_failure
+from ._walk import strict_digest
 
 __all__ = ["StaticReadWatch"]
 
@@ -176,12 +176,6 @@ def _state_digests(v: Any) -> dict[str, str]:
     """Each field of ``v`` -> the digest of a strict walk of its value (or why it has none)."""
     out = {}
     for attr, item in list(vars(v).items()):
-        w = Walker()
-        w.strict = True
-        try:
-            w.value(attr, item)
-            w.finish()
-        except Exception as e:  # noqa: BLE001 - never into the user's call
-            w.unsound(walk_failure(e))
-        out[attr] = w.digest() if w.reason is None else f"unsound: {w.reason}"
+        digest, reason = strict_digest(attr, item)
+        out[attr] = digest if reason is None else f"unsound: {reason}"
     return out
