@@ -95,6 +95,8 @@ PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]] | None,
                      "jax, haiku, optax, sklearn.datasets"),
     # a library's object as static self of its jitted methods (issue 42)
     "gymnax_cartpole": (LIB / "gymnax_cartpole.py", None, ([], {}), "jax, gymnax"),
+    # all eager work: jnp outside any jit (issue 45)
+    "eager_prep": (EX / "eager_prep.py", None, ([], {}), "jax, sklearn.datasets"),
     "evosax_snes": (LIB / "evosax_snes.py", None, ([], {}), "jax, evosax.algorithms"),
     # (these two have a jit of the user's own: EXAMPLE_JIT=kiln makes it kiln.jit)
     "jaxmd_lj_melt": (LIB / "jaxmd_lj_melt.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),

@@ -505,7 +505,8 @@ def test_run_reports_miss_then_persistent_hit(
     assert out == "[3.0, 3.0] ['a', '--b'] __main__\n"
     summary = _summary(err)
     assert summary.startswith("kiln: hits: 0, misses: 1, traces: 1, compiles: 1, ")
-    assert re.search(r"compile_seconds: \d+\.\d\d, saved_seconds: 0\.00$", summary)
+    # (then, under the swap, what JAX's eager work did: "eager loaded: 0, compiled: N, ...")
+    assert re.search(r"compile_seconds: \d+\.\d\d, saved_seconds: 0\.00(,|$)", summary)
     assert sys.argv == argv
 
     # The script defines a new function object: a persistent hit, nothing traced or compiled.
@@ -516,7 +517,8 @@ def test_run_reports_miss_then_persistent_hit(
     assert summary.startswith(
         "kiln: hits: 1, misses: 0, traces: 0, compiles: 0, compile_seconds: 0.00, saved_seconds: "
     )
-    assert float(summary.rsplit(" ", 1)[1]) > 0
+    # (the entry's compile seconds less its load: 0 when the load took longer)
+    assert float(re.search(r"saved_seconds: (\d+\.\d\d)", summary).group(1)) >= 0
     assert kiln.get_config().cache_dir != cache
 
 

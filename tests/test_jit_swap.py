@@ -43,6 +43,35 @@ def test_replace_and_restore():
     assert not kiln.restore_jax_jit()
 
 
+def test_the_swap_turns_eager_work_on_and_off(monkeypatch):
+    from kiln._travel import _eager
+
+    assert kiln.replace_jax_jit()
+    try:
+        assert _eager.is_enabled()
+        before = kiln.stats()
+        x = jnp.arange(51.0).reshape(17, 3)  # (shapes no other test's eager work has)
+        np.testing.assert_allclose(jnp.cumprod(x * 0.5 + 1.0, axis=1),
+                                   np.cumprod(np.arange(51.0).reshape(17, 3) * 0.5 + 1.0, axis=1),
+                                   rtol=1e-6)
+        assert kiln.stats().eager_writes > before.eager_writes
+        # JAX's modules, now watched for patches, still pickle by reference (a host callback
+        # naming one is stored, not traced again on a warm start)
+        import cloudpickle
+
+        assert cloudpickle.loads(cloudpickle.dumps(jnp)) is jnp
+    finally:
+        kiln.restore_jax_jit()
+    assert not _eager.is_enabled()
+    # KILN_EAGER=0: the swap leaves eager work to JAX
+    monkeypatch.setenv("KILN_EAGER", "0")
+    assert kiln.replace_jax_jit()
+    try:
+        assert not _eager.is_enabled()
+    finally:
+        kiln.restore_jax_jit()
+
+
 def test_every_form_is_a_kiln_jit(swapped):
     import functools
 

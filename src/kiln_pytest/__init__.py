@@ -126,7 +126,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
         terminalreporter.write_line(
             f"kiln: kiln.jit hits {after.hits - before.hits}, misses "
             f"{after.misses - before.misses}, traces {after.traces - before.traces} "
-            "(jax.jit as kiln.jit)"
+            "(jax.jit as kiln.jit); eager work loaded "
+            f"{after.eager_hits - before.eager_hits}, compiled "
+            f"{after.eager_misses - before.eager_misses}, left to JAX "
+            f"{after.eager_left - before.eager_left}"
         )
     if not got[0]:
         return

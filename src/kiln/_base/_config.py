@@ -85,6 +85,9 @@ class Config:
             libraries it imports) is a :func:`kiln.jit`. Default off in a plain ``python``
             process; ``kiln run`` and ``pytest --kiln`` turn it on unless it is set to 0
             (``KILN_REPLACE_JIT=0``) or ``--no-jit`` / ``--kiln-no-jit`` is given.
+        eager: under the ``jax.jit`` swap, JAX's own eager work (``jnp`` functions, primitives
+            applied outside a trace) is stored and loaded with no trace or lowering too
+            (``KILN_EAGER=0`` leaves it to JAX; see ``docs/how-it-works.md``). Default on.
         jit_exclude: what the swap leaves to ``jax.jit`` (``KILN_JIT_EXCLUDE``: comma-separated):
             a module prefix (``mylib``: functions of ``mylib`` and ``mylib.*``, and
             ``jax.jit`` calls made there) or ``module:qualname`` (that function, and the
@@ -108,6 +111,7 @@ class Config:
     pickle_max_size: int = 256 * 1024**2
     jax_cache: bool = True
     replace_jit: bool = False
+    eager: bool = True
     jit_exclude: tuple[str, ...] = ()
 
 
@@ -181,7 +185,8 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             ) from None
     if name in ("max_size", "pickle_max_size"):
         return parse_size(value, name=f"KILN_{name.upper()}" if from_env else name)
-    if name in ("explain", "verify", "strict", "tier_up", "jax_cache", "replace_jit"):
+    if name in ("explain", "verify", "strict", "tier_up", "jax_cache", "replace_jit",
+                "eager"):
         return _parse_bool(name, value) if from_env else bool(value)
     if name == "progress":
         if value is None:

@@ -66,6 +66,13 @@ class Stats:
             (single-flight) instead of compiling.
         lease_takeovers: of those, the waits that ended by taking the key over (the other
             process's lease ran out: it died, or gave up without writing the entry).
+        eager_hits, eager_misses, eager_writes: JAX's eager work under the ``jax.jit`` swap
+            (its own jitted functions and primitives applied outside a trace,
+            ``kiln._travel._eager``): first calls of a signature answered from the store (no
+            trace, no lowering, no compile), not found there (JAX compiled them), and entries
+            written for them.
+        eager_left: eager calls left to JAX's own path (not plain data, a monkeypatched JAX, ...;
+            ``KILN_EXPLAIN=1`` says why, once per function and reason).
         reasons: count of miss reasons by kind.
     """
 
@@ -97,6 +104,10 @@ class Stats:
     remote_errors: int = 0
     lease_waits: int = 0
     lease_takeovers: int = 0
+    eager_hits: int = 0
+    eager_misses: int = 0
+    eager_writes: int = 0
+    eager_left: int = 0
     reasons: Counter[str] = dataclasses.field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:

@@ -28,7 +28,8 @@ __all__ = ["register"]
 _STATS_FIELDS = ("hits", "misses", "traces", "compiles", "compile_seconds", "saved_seconds",
                  "bad_entries", "jax_cache_hits", "jax_cache_misses", "jax_cache_writes",
                  "remote_hits", "remote_misses", "remote_timeouts", "remote_errors",
-                 "lease_waits", "lease_takeovers")
+                 "lease_waits", "lease_takeovers", "eager_hits", "eager_misses", "eager_writes",
+                 "eager_left")
 
 
 def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -210,6 +211,12 @@ def _format_summary(delta: dict[str, float]) -> str:
         parts.append(f"jax cache hits: {int(delta['jax_cache_hits'])}, "
                      f"misses: {int(delta['jax_cache_misses'])}, "
                      f"written: {int(delta['jax_cache_writes'])}")
+    if delta["eager_hits"] or delta["eager_misses"] or delta["eager_left"]:
+        # JAX's own eager work (its jitted functions, primitives applied outside a trace)
+        parts.append(f"eager loaded: {int(delta['eager_hits'])}, "
+                     f"compiled: {int(delta['eager_misses'])}, "
+                     f"stored: {int(delta['eager_writes'])}, "
+                     f"left to JAX: {int(delta['eager_left'])}")
     remote = ("remote_hits", "remote_misses", "remote_timeouts", "remote_errors", "lease_waits",
               "lease_takeovers")
     if any(delta[f] for f in remote):

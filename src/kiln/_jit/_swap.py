@@ -48,6 +48,7 @@ import jax
 
 from .._base import StaticArgumentError, get_config
 from .._miss import _explain
+from .._travel import disable_eager, enable_eager
 from ._dispatch import unwrapped
 from ._function import JitFunction
 from ._options import JIT_DEFAULTS
@@ -275,7 +276,10 @@ def replace_jax_jit(*, exclude: Iterable[str] = ()) -> bool:
     (a caller in ``jax``, ``jaxlib``) keep jax's; what kiln.jit cannot take (an option it
     lacks, a static argument it cannot hash) stays jax.jit, with the reason explained
     (``KILN_EXPLAIN=1``); a function kiln cannot fingerprint takes the verify path (trace and
-    lower, no compile). The kiln:// route (JAX's cache in kiln's store) stays on for the rest.
+    lower, no compile). JAX's own eager work (``jnp`` functions, primitives applied outside a
+    trace) is loaded from the store with no trace or lowering too (``KILN_EAGER=0`` leaves it
+    to JAX; :mod:`kiln._travel._eager`). The kiln:// route (JAX's cache in kiln's store) stays
+    on for the rest.
 
     The one difference from jax.jit: a warm start does not run the function's Python, so
     trace-time side effects (a ``print``, a counter) happen on a cold start only. Leave a
@@ -302,6 +306,7 @@ def replace_jax_jit(*, exclude: Iterable[str] = ()) -> bool:
     if is_replaced():
         return False
     jax.jit = swapped_jit
+    enable_eager()
     return True
 
 
@@ -314,6 +319,7 @@ def restore_jax_jit() -> bool:
     if not is_replaced():
         return False
     jax.jit = _ORIGINAL
+    disable_eager()
     return True
 
 

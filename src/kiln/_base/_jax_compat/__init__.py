@@ -13,6 +13,9 @@ it has that shape. One file per concern, this module their face (every caller re
   inputs), and values, output trees and host callbacks pickled with cloudpickle;
 - ``_jaxprs``: equations, the code they run, effects, primitive rule registries;
 - ``_dispatch``: the C++ dispatcher of a stored executable and what jax.jit does at a call;
+- ``_eager``: JAX's eager work (its own jits and primitives applied outside a trace) answered
+  from stored executables;
+- ``_patches``: JAX's modules watched for attributes the program sets (monkeypatches);
 - ``_distributed``: which processes of a multi-host job write;
 - ``_errors``: the gate's exceptions.
 """
@@ -33,6 +36,21 @@ from ._dispatch import (
 )
 from ._distributed import (
     write_from_every_process,
+)
+from ._eager import (
+    StoredCall,
+    avals_text_of,
+    call_facts,
+    ctx_mesh_empty,
+    eager_installed,
+    install_eager,
+    load_eager,
+    lowering_overrides,
+    lowering_rules,
+    primitive_of,
+    remember_facts,
+    serialize_eager,
+    uninstall_eager,
 )
 from ._errors import (
     LiveObjectMissing,
@@ -69,6 +87,7 @@ from ._jaxprs import (
     union_vma,
     with_vma,
 )
+from ._patches import jax_patches, watch_jax_modules
 from ._pickling import (
     input_objects,
 )
@@ -99,6 +118,9 @@ from ._values import (
 )
 
 __all__ = [
+    "StoredCall", "avals_text_of", "call_facts", "ctx_mesh_empty", "eager_installed",
+    "install_eager", "jax_patches", "load_eager", "lowering_overrides", "lowering_rules",
+    "primitive_of", "remember_facts", "serialize_eager", "uninstall_eager", "watch_jax_modules",
     "api_boundary",
     "apply_local_config",
     "ArrayImpl",

@@ -255,6 +255,17 @@ def _on_cache_event(event: str, **kwargs: Any) -> None:
         _watch.hit = True
 
 
+def watch_cache_hits() -> None:
+    """Listen for JAX's persistent-cache hits (``_watch.hit`` is set in the thread where one
+    happens while ``_watch.on``)."""
+    global _watching
+    if not _watching:
+        with _watch_lock:
+            if not _watching:
+                jax.monitoring.register_event_listener(_on_cache_event)
+                _watching = True
+
+
 def compile_to_store(lowered: Any) -> Any:
     """``lowered.compile()``, never an executable JAX's persistent cache deserialized.
 
@@ -265,12 +276,7 @@ def compile_to_store(lowered: Any) -> Any:
     (``xla_embed_ir_in_executable=False``): the same executable under another JAX cache key,
     so XLA compiles it.
     """
-    global _watching
-    if not _watching:
-        with _watch_lock:
-            if not _watching:
-                jax.monitoring.register_event_listener(_on_cache_event)
-                _watching = True
+    watch_cache_hits()
     _watch.on, _watch.hit = True, False
     try:
         compiled = lowered.compile()

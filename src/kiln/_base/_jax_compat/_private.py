@@ -28,8 +28,16 @@ from jax._src import config as _jax_config
 
 # jax._src.{core,dtypes,sharding_impls,tree_util}: abstract_token, extended dtypes,
 # physical_sharding and the C++ dispatch registry, as used by create_cpp_call (jax 0.10.2).
+# For JAX's eager work (_eager): jax._src.dispatch.apply_primitive (jits a ``prim_fun``
+# closing over ``prim`` and ``params``, marked ``_apply_primitive``) and check_arg;
+# jax._src.pjit._infer_params and _run_python_pjit, the two module globals jax.jit's
+# ``cache_miss`` calls (same shape in jax 0.10.2, 0.11.2 and 0.12.1, checked);
+# jax._src.interpreters.mlir's lowering-rule tables (_lowerings, _platform_specific_lowerings);
+# jax._src.lib.jax_jit.parse_arguments (jaxlib 0.4 to 0.12).
 from jax._src import core as _core
+from jax._src import dispatch as _dispatch
 from jax._src import dtypes as _dtypes
+from jax._src import pjit as _pjit
 from jax._src import sharding_impls as _sharding_impls
 
 # jax._src.traceback_util.api_boundary(fun) and register_exclusion(path), and
@@ -52,6 +60,7 @@ from jax._src import tree_util as _tree_util
 # LIBTPU_INIT_ARGS as it starts); xla_bridge.backends() calls it by its module-global name.
 # Both in jax 0.10.2 and 0.12 (checked).
 from jax._src import xla_bridge as _xla_bridge
+from jax._src.interpreters import mlir as _mlir
 
 # jax._src.interpreters.pxla: MeshExecutable internals for the C++ dispatch fast path
 # (ExecuteReplicated, MeshExecutableFastpathData, JitGlobalCppCacheKeys, cc_shard_arg,
@@ -60,6 +69,7 @@ from jax._src.interpreters import pxla as _pxla
 
 # jax._src.lib._jax.pjit: the C++ jit dispatcher (signature check + executable call in C++).
 from jax._src.lib import _jax as _jaxlib_ext
+from jax._src.lib import jax_jit as _jax_jit
 
 # jax._src.lib.xla_client: Client, Device, DeviceList, LoadedExecutable types (jaxlib 0.4+).
 from jax._src.lib import xla_client as _xc
@@ -82,9 +92,13 @@ __all__ = [
     "_cache_key",
     "_compiler",
     "_core",
+    "_dispatch",
     "_dtypes",
     "_jax_config",
+    "_jax_jit",
     "_jaxlib_ext",
+    "_mlir",
+    "_pjit",
     "_pxla",
     "_sharding_impls",
     "_source_info_util",
