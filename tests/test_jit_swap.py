@@ -55,11 +55,9 @@ def test_the_swap_turns_eager_work_on_and_off(monkeypatch):
                                    np.cumprod(np.arange(51.0).reshape(17, 3) * 0.5 + 1.0, axis=1),
                                    rtol=1e-6)
         assert kiln.stats().eager_writes > before.eager_writes
-        # JAX's modules, now watched for patches, still pickle by reference (a host callback
-        # naming one is stored, not traced again on a warm start)
-        import cloudpickle
-
-        assert cloudpickle.loads(cloudpickle.dumps(jnp)) is jnp
+        # JAX's modules stay plain modules (a subclass would slow every attribute read, and
+        # pickle differently: a host callback naming one could no longer be stored)
+        assert type(jnp) is type(jax)
     finally:
         kiln.restore_jax_jit()
     assert not _eager.is_enabled()

@@ -30,8 +30,9 @@ parameters and where its lowering rules come from.
   callable, a jaxpr, an object with methods, a custom pytree node): those carry user code,
   which :func:`kiln.jit` keys and JAX's own jits do not (the call is JAX's, traced as before);
 - a primitive lowered by a rule from outside JAX (a user's or a library's primitive);
-- an attribute of a JAX module set from outside JAX and kiln (a monkeypatched ``jnp`` function:
-  from then on, for the rest of the process);
+- a function whose code reads a name of a JAX module that the program has set since eager
+  work was turned on (a monkeypatched ``lax.sin`` read by ``jnp.sinc``; see
+  the JAX gate's ``_patches`` for what this does not see);
 - a mesh in context, explicit shardings or devices given to the jit, ``jax_debug_nans`` /
   ``jax_debug_infs`` (JAX re-runs the operation to name it), a ``jax.distributed`` job, a
   program with effects, host callbacks or constants passed as arguments.
@@ -326,9 +327,14 @@ def _why_not(fun: Any, ji: Any) -> str | None:
         return "a jax.distributed job (each process compiles its own eager work)"
     if not _jax_compat.ctx_mesh_empty(ji):
         return "a mesh is in context"
-    patches = _jax_compat.jax_patches()
-    if patches:
-        return f"the program set {patches[0]} (JAX's code is not its installed files')"
+    base = fun
+    while isinstance(base, functools.partial):
+        base = base.func
+    if isinstance(base, types.FunctionType):
+        _jax_compat.snapshot_jax_modules()  # (modules loaded since: as they are now)
+        patched = _jax_compat.patched_reads(base)
+        if patched is not None:
+            return f"the program set {patched}, which it reads (JAX's code is not its files')"
     if "record:" not in library_version("jax"):
         return "JAX is installed without a RECORD of its files (an editable install)"
     return None
@@ -342,7 +348,6 @@ def _before(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if reason is not None:
             _explain_once(_name(fun), reason)
             return None
-        _jax_compat.watch_jax_modules()
         facts = _jax_compat.call_facts(fun, ji, args, kwargs)
         platform = jax.devices()[0].platform
         parts = [*_environment(), *_function_parts(fun, platform), *_jit_parts(ji),
@@ -447,7 +452,7 @@ def enable_eager() -> bool:
         return False
     if _jax_compat.eager_installed():
         return False
-    _jax_compat.watch_jax_modules()
+    _jax_compat.snapshot_jax_modules()
     _jax_compat.install_eager(_before, _record)
     return True
 

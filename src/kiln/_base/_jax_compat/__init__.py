@@ -15,7 +15,8 @@ it has that shape. One file per concern, this module their face (every caller re
 - ``_dispatch``: the C++ dispatcher of a stored executable and what jax.jit does at a call;
 - ``_eager``: JAX's eager work (its own jits and primitives applied outside a trace) answered
   from stored executables;
-- ``_patches``: JAX's modules watched for attributes the program sets (monkeypatches);
+- ``_patches``: JAX's modules as they were when eager work was turned on, and the names a
+  function reads that the program has patched since;
 - ``_distributed``: which processes of a multi-host job write;
 - ``_errors``: the gate's exceptions.
 """
@@ -87,7 +88,7 @@ from ._jaxprs import (
     union_vma,
     with_vma,
 )
-from ._patches import jax_patches, watch_jax_modules
+from ._patches import patched_reads, snapshot_jax_modules
 from ._pickling import (
     input_objects,
 )
@@ -119,8 +120,9 @@ from ._values import (
 
 __all__ = [
     "StoredCall", "avals_text_of", "call_facts", "ctx_mesh_empty", "eager_installed",
-    "install_eager", "jax_patches", "load_eager", "lowering_overrides", "lowering_rules",
-    "primitive_of", "remember_facts", "serialize_eager", "uninstall_eager", "watch_jax_modules",
+    "install_eager", "load_eager", "lowering_overrides", "lowering_rules",
+    "patched_reads", "primitive_of", "remember_facts", "serialize_eager", "snapshot_jax_modules",
+    "uninstall_eager",
     "api_boundary",
     "apply_local_config",
     "ArrayImpl",
