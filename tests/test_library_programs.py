@@ -113,7 +113,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, 
                         proc.kill()
                         proc.communicate()
             by_mode["warm"] = _finish(name, _start(name, "warm", cache, base))
-            if name in KNOWN_FIRST_WARM_MISSES:
+            if name in KNOWN_FIRST_WARM_MISSES or by_mode["warm"]["route_misses"]:
                 by_mode["warm again"] = _finish(name, _start(name, "warm again", cache, base))
             done[name] = by_mode
         return done[name]
@@ -166,4 +166,12 @@ def test_warm_run_loads_without_compiling(name: str,
         warm = by_mode["warm again"]
         _assert_loads_everything(name, cold, warm)
         return
+    if warm["route_misses"]:
+        # JAX's eager work reached under jax.grad / jax.jvp of concrete values (numpyro's and
+        # blackjax's inits) is compiled through jit_p's own path, not jax.jit's cache_miss: the
+        # cold run compiled it once, as an eager entry; the first warm run, which loaded that
+        # entry and so never lowered the program, compiles it there once more and JAX's cache
+        # keeps it (through the route); every later warm run loads everything
+        assert warm["eager_misses"] == 0 and warm["compiles"] == 0, warm["stderr"][-4000:]
+        warm = by_mode["warm again"]
     _assert_loads_everything(name, cold, warm)

@@ -108,34 +108,48 @@ def _run_python_pjit(p: Any, args_flat: Any, fun: Any, args: Any, kwargs: Any) -
     if pending is None or pending[1] is not p:
         return _ORIGINAL_RUN(p, args_flat, fun, args, kwargs)
     _local.pending = None
-    token = pending[0]
-    _local.recording = token, p
+    # (an eager call inside this one's lowering records its own compile, then gives this one
+    # back: a stack, one entry per call being run)
+    before = getattr(_local, "recording", None)
+    _local.recording = pending[0], p
     try:
         return _ORIGINAL_RUN(p, args_flat, fun, args, kwargs)
     finally:
-        _local.recording = None
+        _local.recording = before
+
+
+def _is_for(computation: Any, p: Any) -> bool:
+    """``computation`` (a ``MeshComputation``) is the program of the eager call with params
+    ``p``, not one compiled while lowering it: its name is ``jit(<name>)`` (jax 0.10 to 0.12;
+    ``jit_<name>`` before)."""
+    name = str(p.params.get("name", ""))
+    return getattr(computation, "_name", None) in (f"jit({name})", f"jit_{name}")
 
 
 def _compile(self: Any, *args: Any, **kwargs: Any) -> Any:
     recording = getattr(_local, "recording", None)
     record = _hooks.get("record")
-    if recording is None or record is None:
+    if recording is None or record is None or not _is_for(self, recording[1]) or args or kwargs:
         return _ORIGINAL_COMPILE(self, *args, **kwargs)
     _local.recording = None  # (one compile per eager call)
     # an executable JAX's persistent cache deserialized serializes without its kernels (see
-    # _executables.compile_to_store): such a one is run, never stored
+    # _executables.compile_to_store): compiled again with an option at its default value (the
+    # same executable under another key of JAX's cache), so that it can be stored
     _executables.watch_cache_hits()
-    _executables._watch.on, _executables._watch.hit = True, False
-    try:
-        with _executables.no_persistent_cache_writes():  # (kiln stores it: no second write)
-            compiled = _ORIGINAL_COMPILE(self, *args, **kwargs)
-    finally:
-        _executables._watch.on = False
-    if not _executables._watch.hit:
+    compiled = None
+    for options in (None, {"xla_embed_ir_in_executable": False}):
+        _executables._watch.on, _executables._watch.hit = True, False
         try:
-            record(recording[0], recording[1], compiled)
-        except Exception:  # noqa: BLE001 - storing is never the user's failure
-            pass
+            with _executables.no_persistent_cache_writes():  # (kiln stores it: no 2nd write)
+                compiled = _ORIGINAL_COMPILE(self, options)
+        finally:
+            _executables._watch.on = False
+        if not _executables._watch.hit:
+            try:
+                record(recording[0], recording[1], compiled)
+            except Exception:  # noqa: BLE001 - storing is never the user's failure
+                pass
+            break
     return compiled
 
 
