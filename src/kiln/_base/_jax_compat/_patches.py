@@ -21,6 +21,8 @@ import sys
 import types
 from typing import Any
 
+from ._values import _code_names
+
 __all__ = ["patched_reads", "snapshot_jax_modules"]
 
 _snapshot: dict[str, dict[str, Any]] = {}
@@ -43,20 +45,12 @@ def snapshot_jax_modules() -> None:
             _snapshot[name] = dict(mod.__dict__)
 
 
-def _names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names(const)
-    return names
-
-
 def _reads_of(fun: types.FunctionType) -> tuple[tuple[str, str], ...]:
     """(module, name) of what ``fun``'s code reads from JAX's modules by name."""
     code = fun.__code__
     got = _reads.get(code)
     if got is None:
-        names = _names(code)
+        names = _code_names(code)
         home = fun.__globals__.get("__name__", "")
         pairs = {(home, n) for n in names if n in fun.__globals__}
         for n in names:
