@@ -1,6 +1,6 @@
-"""``python -m kiln``: the ``kiln`` command line (see :mod:`kiln._cli`)."""
-
-from kiln._cli import main
+"""``python -m kiln``: the ``kiln`` command line (see :mod:`kiln._cli`, :mod:`kiln_cli`)."""
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    import kiln_cli  # (kiln run --server first offers the run to a warm process)
+
+    raise SystemExit(kiln_cli.main())

@@ -13,6 +13,8 @@ same (``kiln/__init__`` tells it from ``sys.argv``).
 
 from __future__ import annotations
 
+import sys
+
 __all__ = ["main"]
 
 #: True while :func:`main` imports ``kiln._cli`` (read by ``kiln/__init__``).
@@ -20,11 +22,26 @@ importing = False
 
 
 def main() -> int:
-    """Run the ``kiln`` command line on ``sys.argv[1:]``; return its exit status."""
+    """Run the ``kiln`` command line on ``sys.argv[1:]``; return its exit status.
+
+    ``kiln run --server`` (``KILN_SERVER=1``) first offers the run to the program's warm
+    process (:mod:`kiln_server`, standard library only: nothing of kiln or jax is imported
+    for it); where none takes it, the run is a plain one, which at its end records the
+    program's imports and starts that process for the next run."""
     global importing
+    import kiln_server
+
+    target = kiln_server.target_of(sys.argv[1:])
+    if target is not None:
+        status = kiln_server.run_warm(target)
+        if status is not None:
+            return status
     importing = True
     try:
         from kiln._cli import main as cli
     finally:
         importing = False
-    return cli()
+    status = cli(target.argv[:] if target is not None else None)
+    if target is not None:
+        kiln_server.after_run(target)
+    return status

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base import KilnError, KilnWarning
-from . import _bundles, _demo, _inspect, _maintain, _run
+from . import _bundles, _demo, _inspect, _maintain, _run, _server
 from ._common import Failure, configured
 from ._render import note
 
 __all__ = ["main"]
 
 # the command modules, in the order of their verbs in ``kiln --help``
-_COMMANDS = (_run, _inspect, _maintain, _bundles, _demo)
+_COMMANDS = (_run, _inspect, _maintain, _bundles, _demo, _server)
 
 
 class _Parser(argparse.ArgumentParser):

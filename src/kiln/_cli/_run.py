@@ -22,7 +22,7 @@ from .._base import _config, _stats
 from ._common import Failure, configured, start_jax
 from ._render import note
 
-__all__ = ["register"]
+__all__ = ["prepare", "register"]
 
 # the counters the summary reports (kiln.stats()), in its order
 _STATS_FIELDS = ("hits", "misses", "traces", "compiles", "compile_seconds", "saved_seconds",
@@ -46,7 +46,7 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
         "(kiln.replace_jax_jit; KILN_JIT_EXCLUDE leaves modules or functions to jax.jit; "
         "--no-jit or KILN_REPLACE_JIT=0 leaves every jax.jit alone). Exits with the "
         "script's status.",
-        usage="kiln run [-h] [--explain] [--verify] [--no-jit] (SCRIPT | -m MODULE) [ARGS ...]",
+        usage="kiln run [-h] [--explain] [--verify] [--no-jit] [--server] (SCRIPT | -m MODULE) [ARGS ...]",
     )
     run.add_argument("--explain", action="store_true",
                      help="log why each miss happened (kiln.configure(explain=True)) to stderr")
@@ -59,6 +59,14 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
     jit.add_argument("--no-jit", action="store_true",
                      help="leave jax.jit alone: only JAX's persistent cache is routed into the "
                      "store (a warm start still traces and lowers); also KILN_REPLACE_JIT=0")
+    server = run.add_mutually_exclusive_group()
+    server.add_argument("--server", action="store_true",
+                        help="run in a warm process that has already imported what this "
+                        "program's last run imported (kiln_server; also KILN_SERVER=1): the "
+                        "first run records the imports and starts it, later runs skip "
+                        "Python's imports; any change or fault makes the run a plain one")
+    server.add_argument("--no-server", action="store_true",
+                        help="a plain run even where KILN_SERVER=1")
     run.add_argument("-m", dest="module", metavar="MODULE", nargs=argparse.REMAINDER,
                      help="run library module MODULE as __main__, as python -m (the rest of the "
                      "command line is its arguments)")
@@ -82,9 +90,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not os.path.isfile(script):
             raise Failure(f"cannot run {script!r}: no such file", code=2)
         argv_rest = args.script_args
-    start_jax()
+    swapped = _prelude(args)
     from .._jit import _swap
-    from .._travel import _jax_cache
 
     settings: dict[str, Any] = {}
     if args.explain:
@@ -100,13 +107,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("%(message)s"))
         kiln_logger.addHandler(handler)
-    if _config.get_config().jax_cache:
-        # unchanged jax.jit code too: JAX's own cache reads and writes the store (kiln://)
-        _jax_cache.enable_jax_cache()
-    swapped = False
-    if _swap_wanted(args):
-        # before the script's imports: their jax.jit calls (and from jax import jit) see it
-        swapped = _swap.replace_jax_jit()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     before = _stats.stats()
     try:
@@ -128,6 +128,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
         note(_format_summary(_stats_delta(before, _stats.stats())))
+
+
+def _prelude(args: argparse.Namespace) -> bool:
+    """What ``kiln run`` turns on before the script runs; whether this call swapped
+    ``jax.jit`` (False where it was swapped already: a warm process did it, :func:`prepare`)."""
+    start_jax()
+    from .._jit import _swap
+    from .._travel import _jax_cache
+
+    if _config.get_config().jax_cache:
+        # unchanged jax.jit code too: JAX's own cache reads and writes the store (kiln://)
+        _jax_cache.enable_jax_cache()
+    if _swap_wanted(args):
+        # before the script's imports: their jax.jit calls (and from jax import jit) see it
+        return _swap.replace_jax_jit()
+    return False
+
+
+def prepare(argv: list[str]) -> None:
+    """``kiln run``'s prelude for the warm process of ``kiln run --server`` (``kiln_server``),
+    before it imports the program's modules, so that a library's ``from jax import jit`` and
+    its module-level ``@jax.jit`` see the swap as in a plain run: ``argv`` is kiln's command
+    line (its ``--cache-dir``, ``--store``, ``--no-jit`` apply). Starts no JAX backend."""
+    from ._main import _parser
+
+    args = _parser().parse_args(argv)
+    with configured(cache_dir=args.cache_dir, store=args.store):
+        _prelude(args)
 
 
 def _swap_wanted(args: argparse.Namespace) -> bool:

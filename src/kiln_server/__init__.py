@@ -1,0 +1,333 @@
+"""``kiln run --server`` (``KILN_SERVER=1``): the second run of an unchanged program starts in a
+process that has already imported what the program imports, so it skips Python's imports as a
+warm start skips tracing, lowering and compiling.
+
+A per-user server holds a process that imported the modules the program's previous run imported
+from outside the program's own folder, and never started a JAX backend (no device, no XLA
+thread). Each run forks a child of it that takes this client's stdin, stdout and stderr (passed
+as file descriptors over a Unix socket in a 0700 folder; the server answers only its own user,
+``SO_PEERCRED``), its working folder, arguments, umask and environment, and runs ``kiln run``
+there exactly as a plain run would; this client forwards signals to it and exits with its
+status. The tools that did this for other languages: Rails' Spring, the Gradle daemon, Nailgun
+(JVM), the Bazel server.
+
+- The first run is a plain ``kiln run``; at its end it records the modules the run imported
+  (``<store folder>/server/records``) and starts a server in the background.
+- A server belongs to one key (:func:`kiln_server._common.key_of`): interpreter, flags,
+  ``sys.path``, the whole environment, kiln's version and the modules it preloads. Before each
+  fork it checks that no preloaded module's file, no ``sys.path`` folder (its listing, ``.pth``
+  files, installed distributions) and nothing in the program's folder that would shadow a
+  preloaded module changed; on any change it ends, and the run is a plain one.
+- Anything that fails or takes longer than ``KILN_SERVER_TIMEOUT`` seconds (default 0.05)
+  before the hand-over makes this run a plain one, with the reason under ``KILN_EXPLAIN``.
+
+This package imports only the standard library (the client starts in milliseconds); the server
+is :mod:`kiln_server._serve`, the child's set-up :mod:`kiln_server._child`. Documented in
+docs/reference.md, "The warm process".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from ._common import (Reader, Target, enabled_by_env, explain, files_of, key_of, read_meta,
+                      read_record, record_path, send, server_dir, setting, write_record)
+
+__all__ = ["after_run", "run_warm", "target_of"]
+
+# kiln's options before the verb and after ``run`` that take a value
+_VALUED = ("--cache-dir", "--store")
+_RUN_FLAGS = ("--explain", "--verify", "--jit", "--no-jit")
+# the signals a terminal or a supervisor sends that the client hands to the child
+_FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+
+
+def target_of(argv: list[str]) -> Target | None:
+    """The program of a ``kiln run`` command line that asks for the server (``--server``, or
+    ``KILN_SERVER=1`` without ``--no-server``), with ``argv`` less those flags; None for any
+    other command line (``kiln`` then parses it as always)."""
+    i, cache_dir, out = 0, None, []
+    while i < len(argv) and argv[i] != "run":
+        word = argv[i]
+        name = word.split("=", 1)[0]
+        if name not in _VALUED:
+            return None
+        value = word.split("=", 1)[1] if "=" in word else (argv[i + 1] if i + 1 < len(argv)
+                                                             else None)
+        if value is None:
+            return None
+        if name == "--cache-dir":
+            cache_dir = value
+        out.extend(argv[i:i + (1 if "=" in word else 2)])
+        i += 1 if "=" in word else 2
+    if i >= len(argv):
+        return None
+    out.append("run")
+    i += 1
+    wanted = enabled_by_env()
+    while i < len(argv):
+        word = argv[i]
+        name = word.split("=", 1)[0]
+        if word == "--server":
+            wanted = True
+            i += 1
+        elif word == "--no-server":
+            wanted = False
+            i += 1
+        elif word in _RUN_FLAGS:
+            out.append(word)
+            i += 1
+        elif name in _VALUED:
+            step = 1 if "=" in word else 2
+            if i + step > len(argv):
+                return None
+            if name == "--cache-dir":
+                cache_dir = word.split("=", 1)[1] if "=" in word else argv[i + 1]
+            out.extend(argv[i:i + step])
+            i += step
+        else:
+            break
+    if not wanted or i >= len(argv):
+        return None
+    rest = argv[i:]
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            return None
+        return Target(out + rest, len(out), None, rest[1], cache_dir)
+    if rest[0].startswith("-") or not os.path.isfile(rest[0]):
+        return None  # --help, an unknown option, no such file: kiln's parser says so
+    return Target(out + rest, len(out), rest[0], None, cache_dir)
+
+
+def run_warm(target: Target) -> int | None:
+    """Run ``target`` in a child of its server; its exit status, or None where no server can
+    take it (no record yet, no server, a stale one, a fault, past the deadline): the caller
+    then runs it as a plain ``kiln run``."""
+    deadline = time.monotonic() + setting("TIMEOUT", 0.05)
+    modules = read_record(target)
+    if modules is None:
+        explain("no record of this program's imports yet: a plain run, which records them "
+                "and starts a server")
+        return None
+    conn: socket.socket | None = None
+    try:
+        key = key_of(target, modules)
+        files = files_of(key)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            conn.connect(files["sock"])
+        except (FileNotFoundError, ConnectionRefusedError):
+            explain(f"no server for this program yet (key {key[:12]}): a plain run, which "
+                    "starts one")
+            return None
+        for fd in (0, 1, 2):
+            os.fstat(fd)  # a closed stdio: a plain run says what it says
+        send(conn, _request(target, key), fds=[0, 1, 2])
+        reader = Reader(conn)
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        reply = reader.next()
+        if reply is None or "pid" not in reply:
+            why = (reply or {}).get("why", "the server closed the connection")
+            explain(f"{why}: a plain run")
+            return None
+        send(conn, {"op": "go"})
+    except (OSError, ValueError) as e:
+        explain(f"{type(e).__name__}: {e}: a plain run")
+        if conn is not None:
+            conn.close()
+        return None
+    explain(f"run by the warm process {reply['pid']} ({reply.get('preloaded', '?')} modules "
+            "preloaded)")
+    return _wait(conn, reader, int(reply["pid"]))
+
+
+def _request(target: Target, key: str) -> dict[str, Any]:
+    umask = os.umask(0)
+    os.umask(umask)
+    return {"op": "run", "key": key, "argv": target.argv, "sys_argv": sys.argv,
+            "orig_argv": getattr(sys, "orig_argv", sys.argv), "cwd": os.getcwd(),
+            "umask": umask, "environ": target.environ, "path": target.path,
+            "own_dir": target.own_dir, "record": record_path(target), "client": os.getpid()}
+
+
+def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
+    """Forward signals to ``child`` until the server says how it ended; that status."""
+    conn.settimeout(None)
+
+    def forward(signum: int, frame: Any) -> None:
+        try:
+            os.kill(child, signum)
+        except OSError:
+            pass
+
+    def stop(signum: int, frame: Any) -> None:  # Ctrl-Z: the child stops with the client
+        try:
+            os.kill(child, signal.SIGSTOP)
+        except OSError:
+            pass
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)
+        signal.signal(signal.SIGTSTP, stop)
+
+    def resume(signum: int, frame: Any) -> None:
+        try:
+            os.kill(child, signal.SIGCONT)
+        except OSError:
+            pass
+
+    for name in _FORWARDED:
+        signal.signal(getattr(signal, name), forward)
+    signal.signal(signal.SIGTSTP, stop)
+    signal.signal(signal.SIGCONT, resume)
+    code: int | None = None
+    while True:
+        try:
+            message = reader.next()
+        except (OSError, ValueError):
+            message = None
+        if message is None:
+            break
+        if "code" in message:
+            code = int(message["code"])  # the child's own word, before Python's exit
+        if message.get("status") == "exit":
+            return int(message["code"])
+        if message.get("status") == "signal":
+            return _die_by(int(message["signal"]))
+    if code is not None:
+        return code
+    sys.stderr.write(f"kiln: the warm process server ended during this run; the exit status "
+                     f"of the program (pid {child}) is unknown\n")
+    return 1
+
+
+def _die_by(signum: int) -> int:
+    """End this process by ``signum`` as the child ended (a shell then sees 128+signum)."""
+    sys.stdout.flush()
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    except (OSError, ValueError):
+        pass
+    return 128 + signum
+
+
+def after_run(target: Target) -> None:
+    """At the end of a plain ``kiln run`` that asked for the server: record what it imported
+    and start its server in the background (a few milliseconds here; the server imports in its
+    own process). Never raises."""
+    try:
+        _after_run(target)
+    except Exception as e:  # noqa: BLE001 - a warm process is a cache: never fail a run
+        explain(f"could not start a server: {type(e).__name__}: {e}")
+
+
+def imported_modules(own_dir: str) -> list[str]:
+    """The modules in ``sys.modules`` that can be preloaded: importable by name and not from
+    ``own_dir`` (the program's own, which change as it is edited), in import order."""
+    own = {own_dir.rstrip(os.sep) + os.sep, os.path.realpath(own_dir).rstrip(os.sep) + os.sep}
+    names = []
+    for name, module in list(sys.modules.items()):
+        if module is None or name in ("__main__", "__mp_main__") or name.startswith(
+                "kiln_server"):
+            continue
+        if getattr(module, "__name__", None) != name or getattr(module, "__spec__", None) is None:
+            continue  # an alias (os.path) or a module made by hand: not importable by name
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and any(file.startswith(p) for p in own):
+            continue
+        names.append(name)
+    return names
+
+
+def _after_run(target: Target) -> None:
+    import subprocess
+
+    old = read_record(target) or []
+    seen = set(old)
+    modules = old + [m for m in imported_modules(target.own_dir) if m not in seen]
+    if modules != old:
+        write_record(target, modules)
+    key = key_of(target, modules)
+    where = server_dir()
+    files = files_of(key, where)
+    meta = read_meta(files["meta"])
+    if meta is not None and _alive(int(meta.get("pid", 0))):
+        return
+    logs = os.path.join(os.path.dirname(os.path.dirname(record_path(target))), "logs")
+    os.makedirs(logs, mode=0o700, exist_ok=True)
+    spec = {"key": key, "modules": modules, "argv": target.argv, "path": target.path, "own_dir": target.own_dir,
+            "target": target.describe(), "record": record_path(target), "dir": where,
+            "idle": setting("IDLE", 900.0), "max": int(setting("MAX", 4))}
+    spec_path = os.path.join(where, f"{key[:20]}.{os.getpid()}.spec")
+    with open(os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(spec, f)
+    log = open(os.path.join(logs, key[:20] + ".log"), "ab")
+    with log:
+        subprocess.Popen(
+            [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
+             "import kiln_server._serve as s; s.main()", spec_path],
+            env=target.environ, cwd="/", stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, close_fds=True)
+    explain(f"started a server for this program (key {key[:12]}, {len(modules)} modules)")
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_servers() -> list[dict[str, Any]]:
+    """The live servers of this user (their descriptions); stale files of dead ones are
+    removed."""
+    where = server_dir()
+    found = []
+    for name in sorted(os.listdir(where)):
+        if not name.endswith(".json"):
+            continue
+        meta = read_meta(os.path.join(where, name))
+        if meta is None or not _alive(int(meta.get("pid", 0))):
+            for ext in (".json", ".sock", ".lock"):
+                try:
+                    os.unlink(os.path.join(where, name[:-5] + ext))
+                except OSError:
+                    pass
+            continue
+        found.append(meta)
+    return found
+
+
+def stop_server(meta: dict[str, Any], wait_s: float = 5.0) -> bool:
+    """Ask the server of ``meta`` to end (after the runs it is serving); SIGTERM if it does not
+    answer. True once it is gone."""
+    pid = int(meta.get("pid", 0))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(1.0)
+            conn.connect(meta["sock"])
+            send(conn, {"op": "stop"})
+            Reader(conn).next()
+    except (OSError, ValueError, KeyError):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if not _alive(pid):
+            return True
+        time.sleep(0.02)
+    return not _alive(pid)

@@ -1,0 +1,383 @@
+"""The warm process server: preloads a program's imports, checks before each run that none of
+them changed, forks a child per run and reports how it ended. Started by
+:func:`kiln_server.after_run` as ``python -c "import kiln_server._serve as s; s.main()" SPEC``.
+
+One process, one thread: a select loop over the listening socket, a pipe that SIGCHLD wakes,
+and the connections of the running children (to see a client vanish: its child is then killed
+as the client was). Never starts a JAX backend and never holds a thread when it forks
+(``os.fork`` copies only the calling thread; JAX's backend holds many)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from ._common import Reader, files_of, send
+
+__all__ = ["main"]
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{os.getpid()}] {message}\n")
+    sys.stderr.flush()
+
+
+def main() -> None:
+    """Serve the spec in ``sys.argv[1]`` until idle, stopped, or stale."""
+    spec_path = sys.argv[1]
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    try:
+        os.unlink(spec_path)
+    except OSError:
+        pass
+    sys.path[:] = spec["path"]
+    sys.argv = ["kiln"]
+    files = files_of(spec["key"], spec["dir"])
+    lock = os.open(files["lock"], os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        _log("another server holds this key: leaving")
+        return
+    server = Server(spec, files, lock)
+    job = server.run()
+    if job is not None:  # in a child: the stack of the loop is gone; run the program
+        from ._child import run_child
+
+        sys.exit(run_child(job))
+
+
+class Server:
+    def __init__(self, spec: dict[str, Any], files: dict[str, str], lock: int) -> None:
+        self.spec = spec
+        self.files = files
+        self.lock = lock
+        self.key = spec["key"]
+        self.children: dict[int, socket.socket] = {}
+        self.stopping = False
+        self.last_used = time.time()
+        self.started = time.time()
+
+    # -- start -------------------------------------------------------------------------------
+
+    def run(self) -> Any:
+        from ._fresh import Snapshot
+        from ._preload import preload
+
+        before = set(sys.modules)
+        self.preloaded, self.unsafe = preload(self.spec)
+        if self.unsafe:
+            _log(f"not preloaded (imported by each run instead): {self.unsafe}")
+        new = [m for m in sys.modules if m not in before]
+        self.snapshot = Snapshot(new, self.started)
+        why = self.snapshot.stale() or _unsafe_now()
+        if why:
+            _log(f"not serving: {why}")
+            return None
+        self.listener = self._listen()
+        self._describe()
+        _log(f"serving {self.spec['target']} ({len(self.preloaded)} modules preloaded) on "
+             f"{self.files['sock']}")
+        self._cap()
+        try:
+            return self._loop()
+        finally:
+            if os.getpid() == self.pid:
+                self._remove()
+
+    def _listen(self) -> socket.socket:
+        self.pid = os.getpid()
+        try:
+            os.unlink(self.files["sock"])
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o077)
+        try:
+            listener.bind(self.files["sock"])
+        finally:
+            os.umask(old)
+        listener.listen(64)
+        listener.setblocking(False)
+        return listener
+
+    def _describe(self) -> None:
+        meta = {"pid": os.getpid(), "key": self.key, "target": self.spec["target"],
+                "sock": self.files["sock"], "preloaded": len(self.preloaded),
+                "not_preloaded": self.unsafe, "started": self.started,
+                "last_used": self.last_used, "idle": self.spec["idle"], "runs": 0,
+                "python": sys.executable}
+        self.meta = meta
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        tmp = f"{self.files['meta']}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.meta, f)
+        os.replace(tmp, self.files["meta"])
+
+    def _remove(self) -> None:
+        for name in ("sock", "meta"):
+            try:
+                os.unlink(self.files[name])
+            except OSError:
+                pass
+
+    def _cap(self) -> None:
+        """Past ``KILN_SERVER_MAX`` servers for this user, stop the least recently used."""
+        from . import list_servers, stop_server
+
+        others = [m for m in list_servers() if m.get("pid") != os.getpid()]
+        excess = len(others) + 1 - max(int(self.spec["max"]), 1)
+        for meta in sorted(others, key=lambda m: m.get("last_used", 0))[:max(excess, 0)]:
+            _log(f"stopping server {meta.get('pid')} ({meta.get('target')}): past "
+                 f"KILN_SERVER_MAX={self.spec['max']}")
+            stop_server(meta, wait_s=0)
+
+    # -- loop --------------------------------------------------------------------------------
+
+    def _loop(self) -> Any:
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        while True:
+            if self.stopping and not self.children:
+                return None
+            timeout = None
+            if not self.children:
+                timeout = self.last_used + float(self.spec["idle"]) - time.time()
+                if timeout <= 0:
+                    _log("idle: leaving")
+                    return None
+            for item, _ in self.selector.select(timeout):
+                if item.data == "accept":
+                    job = self._accept()
+                    if job is not None:
+                        return job
+                elif item.data == "wake":
+                    self._drain_wake()
+                    self._reap()
+                else:
+                    self._client_event(item.fileobj, item.data)
+            self._reap()
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self._stop_listening()
+
+    def _stop_listening(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            try:
+                self.selector.unregister(self.listener)
+            except (KeyError, ValueError):
+                pass
+            self.listener.close()
+            self._remove()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            if os.WIFSIGNALED(status):
+                message = {"status": "signal", "signal": os.WTERMSIG(status)}
+            else:
+                message = {"status": "exit", "code": os.waitstatus_to_exitcode(status)}
+            try:
+                send(conn, message)
+            except OSError:
+                pass
+            self._forget(conn)
+            self.last_used = time.time()
+
+    def _forget(self, conn: socket.socket) -> None:
+        try:
+            self.selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def _client_event(self, conn: Any, pid: int) -> None:
+        """A running child's client wrote or went away: gone, its child is killed (as the
+        client's own process would have been)."""
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            return
+        if pid in self.children:
+            _log(f"client of {pid} went away: killing its process group")
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                self.selector.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+
+    # -- one run -----------------------------------------------------------------------------
+
+    def _accept(self) -> Any:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        conn.setblocking(True)
+        conn.settimeout(2.0)
+        try:
+            return self._serve(conn)
+        except (OSError, ValueError) as e:
+            _log(f"a connection failed: {type(e).__name__}: {e}")
+            conn.close()
+            return None
+
+    def _serve(self, conn: socket.socket) -> Any:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            _log(f"refused a connection from uid {uid}")
+            conn.close()
+            return None
+        reader = Reader(conn)
+        request = reader.next()
+        fds = reader.fds
+        try:
+            if request is None:
+                conn.close()
+                return None
+            op = request.get("op")
+            if op == "ping":
+                send(conn, self.meta)
+                conn.close()
+                return None
+            if op == "stop":
+                send(conn, {"ok": True})
+                conn.close()
+                self._stop_listening()
+                return None
+            if op != "run" or request.get("key") != self.key or len(fds) != 3:
+                send(conn, {"why": "the server was asked something else than a run of its key"})
+                conn.close()
+                return None
+            if self.stopping:
+                send(conn, {"why": "the server is stopping"})
+                conn.close()
+                return None
+            why = self.snapshot.stale(request.get("own_dir")) or _unsafe_now()
+            if why:
+                _log(f"stale: {why}: leaving")
+                send(conn, {"why": f"the server's imports are stale ({why}); it ended"})
+                conn.close()
+                self._stop_listening()
+                return None
+            return self._fork(conn, reader, request, fds)
+        finally:
+            if fds and not getattr(self, "_in_child", False):
+                for fd in fds:
+                    os.close(fd)
+
+    def _fork(self, conn: socket.socket, reader: Reader, request: dict[str, Any],
+              fds: list[int]) -> Any:
+        go_r, go_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._in_child = True
+            os.close(go_w)
+            return self._child_job(conn, request, fds, go_r)
+        os.close(go_r)
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        self.children[pid] = conn
+        try:
+            send(conn, {"pid": pid, "preloaded": len(self.preloaded)})
+            go = reader.next()
+        except (OSError, ValueError):
+            go = None
+        if not go or go.get("op") != "go":
+            # the client gave up before the hand-over (its deadline): it runs plainly; the
+            # child never starts the program
+            os.close(go_w)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            return None
+        os.write(go_w, b"g")
+        os.close(go_w)
+        conn.settimeout(None)
+        conn.setblocking(False)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        self.last_used = time.time()
+        self.meta["last_used"] = self.last_used
+        self.meta["runs"] = self.meta.get("runs", 0) + 1
+        try:
+            self._write_meta()
+        except OSError:
+            pass
+        return None
+
+    def _child_job(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
+                   go_r: int) -> dict[str, Any]:
+        """In the child, right after the fork: drop every resource of the server; what
+        :func:`kiln_server._child.run_child` needs."""
+        try:
+            os.setpgid(0, 0)
+        except OSError:
+            pass
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        self.listener.close()
+        for fd in (self.wake_r, self.wake_w, self.lock):
+            os.close(fd)
+        for other in self.children.values():
+            other.close()
+        self.children.clear()
+        return {"conn": conn, "request": request, "fds": fds, "go": go_r,
+                "preloaded": self.preloaded}
+
+
+def _unsafe_now() -> str | None:
+    """Why this process may not fork now: a thread, or a JAX backend started."""
+    if threading.active_count() > 1:
+        return f"{threading.active_count() - 1} thread(s) running in the server"
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        return "a JAX backend was started in the server"
+    return None
