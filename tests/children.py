@@ -69,22 +69,26 @@ def child_env(**settings: str | None) -> dict[str, str]:
 
 def run_child(argv: Sequence[str | os.PathLike[str]], *, env: dict[str, str] | None = None,
               cwd: str | Path | None = None, timeout: float = 300,
-              check: bool = False) -> subprocess.CompletedProcess[str]:
+              check: bool = False, input: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to its end (``env``: a :func:`child_env`; by default ``child_env()``), its
-    stdout and stderr kept as text; ``check``: raise ``CalledProcessError`` on a non-zero exit."""
+    stdout and stderr kept as text; ``check``: raise ``CalledProcessError`` on a non-zero exit;
+    ``input``: its stdin (a pipe), else it reads nothing (``/dev/null``)."""
     return subprocess.run([os.fspath(a) for a in argv], env=child_env() if env is None else env,
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout, check=check)
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout, check=check,
+                          input=input, stdin=subprocess.DEVNULL if input is None else None)
 
 
 def start_child(argv: Sequence[str | os.PathLike[str]], *,
                 env: dict[str, str] | None = None, cwd: str | Path | None = None,
                 stdout: int | IO[Any] | None = subprocess.PIPE,
-                stderr: int | IO[Any] | None = subprocess.PIPE) -> subprocess.Popen[str]:
+                stderr: int | IO[Any] | None = subprocess.PIPE,
+                stdin: int | IO[Any] | None = None) -> subprocess.Popen[str]:
     """Start ``argv`` (``env``: a :func:`child_env`; by default ``child_env()``); its output
-    piped, as text, unless ``stdout`` / ``stderr`` say otherwise."""
+    piped, as text, unless ``stdout`` / ``stderr`` say otherwise; ``stdin`` as given (a pty's
+    end, a pipe), else this process's."""
     return subprocess.Popen([os.fspath(a) for a in argv],
                             env=child_env() if env is None else env, cwd=cwd, stdout=stdout,
-                            stderr=stderr, text=True)
+                            stderr=stderr, stdin=stdin, text=True)
 
 
 def finish_child(proc: subprocess.Popen[str], what: str,

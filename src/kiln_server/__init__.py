@@ -129,8 +129,16 @@ def run_warm(target: Target) -> int | None:
             return None
         for fd in (0, 1, 2):
             os.fstat(fd)  # a closed stdio: a plain run says what it says
-        send(conn, _request(target, key), fds=[0, 1, 2])
+        send(conn, _request(target, key))
         reader = Reader(conn)
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        ready = reader.next()
+        if ready is None or not ready.get("ready"):
+            why = (ready or {}).get("why", "the server closed the connection")
+            explain(f"{why}: a plain run")
+            return None
+        # (stdin, stdout, stderr only to a server that answered: see _serve)
+        send(conn, {"op": "stdio"}, fds=[0, 1, 2])
         conn.settimeout(max(deadline - time.monotonic(), 0.001))
         reply = reader.next()
         if reply is None or "pid" not in reply:
@@ -145,6 +153,8 @@ def run_warm(target: Target) -> int | None:
         return None
     explain(f"run by the warm process {reply['pid']} ({reply.get('preloaded', '?')} modules "
             "preloaded)")
+    for name, why in (reply.get("not_preloaded") or {}).items():
+        explain(f"not preloaded: {name} ({why}); this run imports it and what follows it")
     return _wait(conn, reader, int(reply["pid"]))
 
 
@@ -273,7 +283,7 @@ def _after_run(target: Target) -> None:
         subprocess.Popen(
             [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
              "import kiln_server._serve as s; s.main()", spec_path],
-            env=target.environ, cwd="/", stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            env=target.environ, cwd=target.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, close_fds=True)
     explain(f"started a server for this program (key {key[:12]}, {len(modules)} modules)")
 

@@ -106,6 +106,7 @@ class Target:
         # server is spawned at its end)
         self.environ = dict(os.environ)
         self.path = list(sys.path)
+        self.cwd = cwd
 
     def describe(self) -> str:
         return self.script if self.script is not None else f"-m {self.module}"
@@ -157,7 +158,8 @@ def _kiln_version() -> str:
 
 def key_of(target: Target, modules: list[str]) -> str:
     """The server's key: the interpreter (path and file identity), its flags, ``sys.path``, the
-    whole environment but ``KILN_SERVER*``, kiln's version, kiln's options before the script
+    working folder (a module may keep it when imported: ``multiprocessing`` does), the whole
+    environment but ``KILN_SERVER*``, kiln's version, kiln's options before the script
     (``--no-jit``, ``--store``: the server turns on what they say before it imports), and the
     modules to preload. Two
     runs share a server only where all of it is equal."""
@@ -166,6 +168,7 @@ def key_of(target: Target, modules: list[str]) -> str:
         "interpreter": _interpreter(),
         "flags": [repr(sys.flags), list(sys.warnoptions), sorted(sys._xoptions.items())],
         "path": target.path,
+        "cwd": target.cwd,
         "environ": env,
         "kiln": _kiln_version(),
         "options": target.options,

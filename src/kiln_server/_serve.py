@@ -74,6 +74,9 @@ class Server:
         from ._fresh import Snapshot
         from ._preload import preload
 
+        self.pid = os.getpid()
+        self.preloaded, self.unsafe = [], {}
+        self._describe("starting")  # listed (and stoppable: SIGTERM) while it imports
         before = set(sys.modules)
         self.preloaded, self.unsafe = preload(self.spec)
         if self.unsafe:
@@ -83,9 +86,10 @@ class Server:
         why = self.snapshot.stale() or _unsafe_now()
         if why:
             _log(f"not serving: {why}")
+            self._remove()
             return None
         self.listener = self._listen()
-        self._describe()
+        self._describe("serving")
         _log(f"serving {self.spec['target']} ({len(self.preloaded)} modules preloaded) on "
              f"{self.files['sock']}")
         self._cap()
@@ -96,7 +100,6 @@ class Server:
                 self._remove()
 
     def _listen(self) -> socket.socket:
-        self.pid = os.getpid()
         try:
             os.unlink(self.files["sock"])
         except FileNotFoundError:
@@ -111,8 +114,9 @@ class Server:
         listener.setblocking(False)
         return listener
 
-    def _describe(self) -> None:
-        meta = {"pid": os.getpid(), "key": self.key, "target": self.spec["target"],
+    def _describe(self, state: str) -> None:
+        meta = {"pid": os.getpid(), "state": state, "key": self.key,
+                "target": self.spec["target"],
                 "sock": self.files["sock"], "preloaded": len(self.preloaded),
                 "not_preloaded": self.unsafe, "started": self.started,
                 "last_used": self.last_used, "idle": self.spec["idle"], "runs": 0,
@@ -286,7 +290,7 @@ class Server:
                 conn.close()
                 self._stop_listening()
                 return None
-            if op != "run" or request.get("key") != self.key or len(fds) != 3:
+            if op != "run" or request.get("key") != self.key:
                 send(conn, {"why": "the server was asked something else than a run of its key"})
                 conn.close()
                 return None
@@ -300,6 +304,15 @@ class Server:
                 send(conn, {"why": f"the server's imports are stale ({why}); it ended"})
                 conn.close()
                 self._stop_listening()
+                return None
+            # only now the client's stdin, stdout and stderr: descriptors sent to a server that
+            # never reads them would stay open in its socket (a reader of the client's output
+            # would wait for their end as long)
+            send(conn, {"ready": True})
+            message = reader.next()
+            fds = reader.fds
+            if message is None or message.get("op") != "stdio" or len(fds) != 3:
+                conn.close()
                 return None
             return self._fork(conn, reader, request, fds)
         finally:
@@ -324,7 +337,8 @@ class Server:
             pass
         self.children[pid] = conn
         try:
-            send(conn, {"pid": pid, "preloaded": len(self.preloaded)})
+            send(conn, {"pid": pid, "preloaded": len(self.preloaded),
+                        "not_preloaded": self.unsafe})
             go = reader.next()
         except (OSError, ValueError):
             go = None

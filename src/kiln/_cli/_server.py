@@ -55,16 +55,16 @@ class _Listed:
             yield "no servers"
             return
         now = time.time()
-        rows = [["KEY", "PID", "PROGRAM", "MODULES", "RUNS", "STARTED", "LAST USED",
+        rows = [["KEY", "PID", "STATE", "PROGRAM", "MODULES", "RUNS", "STARTED", "LAST USED",
                  "ENDS IN"]]
         for s in self.servers:
             left = float(s.get("last_used", now)) + float(s.get("idle", 0)) - now
             rows.append([str(s.get("key", ""))[:12], str(s.get("pid", "")),
-                         str(s.get("target", "")), str(s.get("preloaded", "")),
+                         str(s.get("state", "")), str(s.get("target", "")), str(s.get("preloaded", "")),
                          str(s.get("runs", 0)), ago(now - float(s.get("started", now))),
                          ago(now - float(s.get("last_used", now))),
                          f"{max(int(left), 0)} s idle"])
-        yield from columns(rows, [False, True, False, True, True, False, False, False])
+        yield from columns(rows, [False, True, False, False, True, True, False, False, False])
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:

@@ -1,0 +1,630 @@
+"""``kiln run --server`` (issue 46): a run forked from a warm process behaves as a plain run.
+
+Every case runs the same program both ways, as real processes (``python -m kiln run
+--no-server`` and ``--server`` once the program's server is up), and compares stdout, stderr,
+exit status and files written; a case counts as served only where the server's description
+says it started one more run. Staleness: a preloaded module edited, a library reinstalled with
+the same version, a variable changed, a new ``.pth``, a module of the program's folder that would
+shadow a preloaded one: each run gives what a plain run gives. Faults: the server killed with
+``kill -9`` in the middle of a run, the client killed, a server that does not answer, no room
+to write. Lifecycle: idle exit, the cap on servers, ``kiln server ls|stop``, and no process
+left behind by any case (each test's processes carry a marker in their environment).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kiln_test_children import child_env, run_child, start_child
+
+pytestmark = pytest.mark.slow
+
+PROG = textwrap.dedent('''
+    import atexit, faulthandler, os, sys, threading, time, warnings
+    # (what the cases import lazily, imported by every run: the server preloads it all)
+    import multiprocessing.connection, multiprocessing.pool, multiprocessing.popen_fork
+    import multiprocessing.popen_spawn_posix, multiprocessing.queues
+    import multiprocessing.resource_tracker, multiprocessing.spawn, multiprocessing.synchronize
+    import jax.numpy
+    import numpy as np
+
+
+    def square(x):
+        return x * x
+
+
+    if __name__ == "__main__":
+        case = sys.argv[1]
+        if case == "argv":
+            print(sys.argv, __name__, os.path.basename(__file__),
+                  sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+        elif case == "exit":
+            print("bye")
+            sys.exit(7)
+        elif case == "exit_text":
+            sys.exit("a message")
+        elif case == "raise":
+            def inner():
+                raise ValueError("boom")
+            inner()
+        elif case == "stdin":
+            print("got", input(), input())
+        elif case == "isatty":
+            print(sys.stdin.isatty(), sys.stdout.isatty(), sys.stderr.isatty())
+        elif case == "atexit":
+            atexit.register(lambda: print("atexit ran", flush=True))
+            print("main done")
+        elif case == "thread":
+            def late():
+                time.sleep(0.3)
+                print("thread done", flush=True)
+            threading.Thread(target=late).start()
+            print("main done")
+        elif case in ("fork", "spawn"):
+            import multiprocessing as mp
+            with mp.get_context(case).Pool(2) as pool:
+                print(pool.map(square, range(5)))
+        elif case == "pid":
+            with open(sys.argv[2], "w") as f:
+                f.write(str(os.getpid()))
+            with open(sys.argv[2]) as f:
+                print(int(f.read()) == os.getpid(), os.getppid() != os.getpid())
+            os.kill(os.getpid(), 0)
+        elif case == "warn":
+            warnings.warn("careful")
+            print("after")
+        elif case == "flags":
+            print(sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.verbose,
+                  sys.warnoptions, sys.stdout.line_buffering, sys.stdout.encoding)
+        elif case == "config":
+            import jax
+            jax.config.update("jax_enable_x64", True)
+            import jax.numpy as jnp
+            print(jnp.arange(3).dtype)
+        elif case == "dtype":
+            import jax.numpy as jnp
+            print(jnp.arange(3).dtype)
+        elif case == "syspath":
+            sys.path.insert(0, sys.argv[2])
+            import extra_mod
+            print(extra_mod.VALUE)
+        elif case == "noextra":
+            print("extra_mod" in sys.modules, [p for p in sys.path if "extra" in p])
+        elif case == "numpy":
+            print(np.random.rand())
+        elif case == "hash":
+            print(hash("kiln"))
+        elif case == "sleep":
+            print("ready", flush=True)
+            time.sleep(float(sys.argv[2]))
+            print("done", flush=True)
+            sys.exit(5)
+        elif case == "jit":
+            import jax, jax.numpy as jnp
+            print(jax.jit(lambda x: jnp.cos(x) + 1)(jnp.arange(3.0)))
+        elif case == "env":
+            print(os.environ.get("HOME") is not None, os.getcwd(), oct(os.umask(0o22)))
+        elif case == "write":
+            with open("written.txt", "w") as f:
+                f.write("made by the program")
+            print(os.path.abspath("written.txt"))
+        elif case == "faulthandler":
+            import faulthandler
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=False)
+        elif case == "tty":
+            print(sys.stdin.isatty(), sys.stdout.isatty(), flush=True)
+            print("got", input(), flush=True)
+''')
+
+SUMMARY = re.compile(r"^kiln: hits: .*$", re.M)
+
+
+class Place:
+    """One test's folders and environment: its own store, its own server folder (short: a
+    socket's path has 107 bytes at most), a marker variable its processes carry."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.server_dir = tempfile.mkdtemp(prefix="ks", dir="/tmp")
+        self.mark = uuid.uuid4().hex
+        self.lib = root / "lib"
+        self.lib.mkdir()
+        self.app = root / "app"
+        self.app.mkdir()
+        (self.app / "prog.py").write_text(PROG)
+        self.base = {"KILN_CACHE_DIR": str(root / "store"), "KILN_SERVER_DIR": self.server_dir,
+                     "KILN_SERVER_TIMEOUT": "20", "KILN_SERVER_IDLE": "300",
+                     "KILN_TEST_MARK": self.mark, "PYTHONPATH": str(self.lib)}
+
+    def env(self, **extra: str | None) -> dict[str, str]:
+        return child_env(**{**self.base, **extra})
+
+    def kiln(self, *args: str, server: bool = True, input: str | None = None,
+             env: dict[str, str] | None = None, cwd: Path | None = None,
+             flags: tuple[str, ...] = ()) -> Any:
+        return run_child([sys.executable, *flags, "-m", "kiln", "run",
+                          "--server" if server else "--no-server", *args],
+                         env=env or self.env(), cwd=cwd or self.app, input=input, timeout=240)
+
+    def servers(self) -> list[dict[str, Any]]:
+        found = []
+        for meta in Path(self.server_dir).glob("*.json"):
+            try:
+                data = json.loads(meta.read_text())
+                os.kill(int(data["pid"]), 0)
+            except (OSError, ValueError, KeyError):
+                continue
+            found.append(data)
+        return found
+
+    def server_of(self, target: str) -> dict[str, Any] | None:
+        return next((s for s in self.servers()
+                     if s.get("target") == target and s.get("state") == "serving"), None)
+
+    def wait_server(self, target: str, timeout: float = 120) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = self.server_of(target)
+            if found is not None:
+                return found
+            time.sleep(0.1)
+        logs = "\n".join(p.read_text() for p in (self.root / "store").rglob("*.log"))
+        raise AssertionError(f"no server for {target} within {timeout} s; logs:\n{logs}")
+
+    def runs(self, target: str) -> int:
+        """The runs the servers of ``target`` have forked (-1: it has none)."""
+        found = [s for s in self.servers()
+                 if s.get("target") == target and s.get("state") == "serving"]
+        return -1 if not found else sum(int(s.get("runs", 0)) for s in found)
+
+    def warm(self, target: str = "prog.py", *args: str, **kwargs: Any) -> dict[str, Any]:
+        """A plain first run with --server (it starts the server); the server, once up."""
+        first = self.kiln(target, *args, **kwargs)
+        assert "Traceback" not in first.stderr, first.stderr
+        return self.wait_server(target)
+
+    def marked(self) -> list[int]:
+        """The processes that carry this test's marker (its servers and their children)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read()
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    state = f.read().rsplit(b")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if f"KILN_TEST_MARK={self.mark}".encode() in environ and state != b"Z":
+                found.append(int(entry))
+        return found
+
+    def close(self) -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            # (again while any is left: a server started by the last run may not have
+            # described itself yet)
+            run_child([sys.executable, "-m", "kiln", "server", "stop"], env=self.env(),
+                      timeout=60)
+            wait = time.monotonic() + 3
+            while self.marked() and time.monotonic() < wait:
+                time.sleep(0.1)
+            if not self.marked():
+                break
+        left = self.marked()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        shutil.rmtree(self.server_dir, ignore_errors=True)
+        assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Any:
+    p = Place(tmp_path)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One program's server, shared by the cases that compare a run with a plain one."""
+    p = Place(tmp_path_factory.mktemp("server"))
+    p.warm("prog.py", "argv")
+    yield p
+    p.close()
+
+
+def both(p: Place, *args: str, input: str | None = None) -> tuple[Any, Any]:
+    """The same command line plain and served; asserts the served one was served."""
+    plain = p.kiln("prog.py", *args, server=False, input=input)
+    for attempt in range(4):
+        # (a run that imported what the record lacked added it: the next run is a plain one,
+        # which starts the server that preloads it too)
+        if attempt:
+            time.sleep(3)
+        p.wait_server("prog.py")
+        before = p.runs("prog.py")
+        served = p.kiln("prog.py", *args, input=input)
+        if p.runs("prog.py") == before + 1:
+            return plain, served
+    raise AssertionError(f"not served:\n{served.stderr}")
+
+
+CASES = [("argv", "x", "y"), ("exit",), ("exit_text",), ("raise",), ("isatty",), ("atexit",),
+         ("thread",), ("fork",), ("spawn",), ("warn",), ("flags",), ("dtype",)]
+
+
+@pytest.mark.parametrize("args", CASES, ids=[c[0] for c in CASES])
+def test_a_served_run_prints_and_exits_as_a_plain_run(shared: Place,
+                                                      args: tuple[str, ...]) -> None:
+    plain, served = both(shared, *args)
+    # (kiln's summary line counts what each run loaded or compiled: the first run compiles)
+    assert (served.returncode, served.stdout, SUMMARY.sub("", served.stderr)) == \
+        (plain.returncode, plain.stdout, SUMMARY.sub("", plain.stderr))
+    if args[0] == "raise":
+        assert plain.returncode == 1 and "ValueError: boom" in plain.stderr
+    if args[0] == "exit":
+        assert plain.returncode == 7
+    if args[0] == "thread":
+        assert plain.stdout == "main done\nthread done\n"
+    if args[0] == "atexit":
+        assert plain.stdout == "main done\natexit ran\n"
+    if args[0] in ("fork", "spawn"):
+        assert plain.stdout == "[0, 1, 4, 9, 16]\n"
+
+
+def test_stdin_from_a_pipe(shared: Place) -> None:
+    plain, served = both(shared, "stdin", input="one\ntwo\n")
+    assert served.stdout == plain.stdout == "got one two\n"
+    assert served.returncode == plain.returncode == 0
+
+
+def test_working_folder_umask_pid_and_files_written(shared: Place, tmp_path: Path) -> None:
+    plain, served = both(shared, "env")
+    assert served.stdout == plain.stdout and str(shared.app) in plain.stdout
+    plain, served = both(shared, "write")
+    assert served.stdout == plain.stdout == f"{shared.app / 'written.txt'}\n"
+    assert (shared.app / "written.txt").read_text() == "made by the program"
+    pids = []
+    for _ in range(2):
+        served = shared.kiln("prog.py", "pid", str(tmp_path / "pidfile"))
+        assert served.stdout == "True True\n"
+        pids.append(int((tmp_path / "pidfile").read_text()))
+    assert pids[0] != pids[1]  # a process per run
+
+
+def test_each_run_starts_from_the_server_not_from_the_last_run(shared: Place,
+                                                              tmp_path: Path) -> None:
+    """A run's jax.config, sys.path and imports do not reach the next run."""
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "extra_mod.py").write_text("VALUE = 41\n")
+    assert shared.kiln("prog.py", "config").stdout == "int64\n"
+    assert shared.kiln("prog.py", "dtype").stdout == "int32\n"
+    assert shared.kiln("prog.py", "syspath", str(tmp_path / "extra")).stdout == "41\n"
+    assert shared.kiln("prog.py", "noextra").stdout == "False []\n"
+
+
+def test_numpy_global_generator_is_seeded_anew_each_run(shared: Place) -> None:
+    draws = {shared.kiln("prog.py", "numpy").stdout for _ in range(3)}
+    assert len(draws) == 3  # an unseeded program does not repeat its numbers
+
+
+def test_a_jitted_function_loads_warm_in_a_served_run(shared: Place) -> None:
+    plain, served = both(shared, "jit")
+    assert served.stdout == plain.stdout
+    assert "traces: 0" in SUMMARY.search(served.stderr).group(0)
+
+
+def test_faulthandler_writes_to_the_clients_stderr(shared: Place) -> None:
+    served = shared.kiln("prog.py", "faulthandler")
+    assert 'File "prog.py"' in served.stderr
+    assert "Stack (most recent call first)" in served.stderr
+
+
+def test_ctrl_c_is_a_keyboard_interrupt_with_status_130(shared: Place) -> None:
+    results = []
+    for server in (False, True):
+        before = shared.runs("prog.py")
+        proc = start_child([sys.executable, "-m", "kiln", "run",
+                            "--server" if server else "--no-server", "prog.py", "sleep", "60"],
+                           env=shared.env(), cwd=shared.app)
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        results.append((proc.returncode, "KeyboardInterrupt" in err))
+        if server:
+            assert shared.runs("prog.py") == before + 1
+    assert results == [(130, True), (130, True)]
+
+
+def _through_pty(p: Place, server: bool) -> str:
+    main, secondary = pty.openpty()
+    proc = start_child([sys.executable, "-m", "kiln", "run",
+                        "--server" if server else "--no-server", "prog.py", "tty"],
+                       env=p.env(), cwd=p.app, stdin=secondary, stdout=secondary)
+    os.close(secondary)
+    seen = b""
+    end = time.monotonic() + 120
+    while b"True True" not in seen and time.monotonic() < end:
+        if select.select([main], [], [], 0.5)[0]:
+            seen += os.read(main, 4096)
+    os.write(main, b"typed\n")
+    while proc.poll() is None and time.monotonic() < end:
+        if select.select([main], [], [], 0.2)[0]:
+            try:
+                seen += os.read(main, 4096)
+            except OSError:
+                break
+    proc.communicate(timeout=60)
+    os.close(main)
+    return seen.decode().replace("\r", "")
+
+
+def test_a_terminal_is_a_terminal_and_input_reads_from_it(shared: Place) -> None:
+    plain = _through_pty(shared, server=False)
+    before = shared.runs("prog.py")
+    served = _through_pty(shared, server=True)
+    assert shared.runs("prog.py") == before + 1
+    assert "True True\n" in plain and "got typed\n" in plain
+    assert served == plain
+
+
+def test_the_string_hash_seed_is_the_servers_and_a_set_one_is_kept(place: Place) -> None:
+    """A child cannot draw a new hash seed (a running interpreter keeps its own): it gets its
+    server's. PYTHONHASHSEED, part of the key, gives a plain run's hashes."""
+    env = place.env(PYTHONHASHSEED="123")
+    place.warm("prog.py", "hash", env=env)
+    plain = place.kiln("prog.py", "hash", server=False, env=env)
+    served = place.kiln("prog.py", "hash", env=env)
+    assert place.runs("prog.py") == 1
+    assert served.stdout == plain.stdout
+
+
+def test_interpreter_flags_are_part_of_the_key(place: Place) -> None:
+    flags = ("-O", "-W", "ignore::DeprecationWarning")
+    place.warm("prog.py", "flags", flags=flags)
+    plain = place.kiln("prog.py", "flags", server=False, flags=flags)
+    served = place.kiln("prog.py", "flags", flags=flags)
+    assert place.runs("prog.py") == 1
+    assert served.stdout == plain.stdout and plain.stdout.startswith("1 ")
+    # the same program without the flags: another key (this run is plain)
+    other = place.kiln("prog.py", "flags")
+    assert other.stdout.startswith("0 ")
+    assert place.runs("prog.py") == 1
+
+
+def test_module_mode_and_pytest_through_the_server(place: Place) -> None:
+    pkg = place.app / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("import sys\nimport numpy\nprint('cli', sys.argv[1:], "
+                                "__name__)\n")
+    place.kiln("-m", "mypkg.cli", "a")
+    place.wait_server("-m mypkg.cli")
+    plain = place.kiln("-m", "mypkg.cli", "a", "b", server=False)
+    served = place.kiln("-m", "mypkg.cli", "a", "b")
+    assert place.runs("-m mypkg.cli") == 1
+    assert served.stdout == plain.stdout == "cli ['a', 'b'] __main__\n"
+    (place.app / "test_small.py").write_text(
+        "import jax.numpy as jnp\n\ndef test_sum():\n    assert float(jnp.sum(jnp.ones(3))) "
+        "== 3.0\n")
+    args = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "test_small.py")
+    place.kiln(*args)
+    place.wait_server("-m pytest")
+    served = place.kiln(*args)
+    assert place.runs("-m pytest") == 1
+    assert served.returncode == 0 and "1 passed" in served.stdout
+
+
+def _lib_program(p: Place, body: str, name: str = "libuser.py") -> None:
+    (p.app / name).write_text(textwrap.dedent(body))
+
+
+def test_an_edited_preloaded_module_gives_a_plain_runs_result(place: Place) -> None:
+    (place.lib / "helper_lib.py").write_text("VALUE = 1\n")
+    _lib_program(place, "import helper_lib\nprint(helper_lib.VALUE)\n")
+    time.sleep(2.1)  # (a file younger than the server's start makes it refuse to serve)
+    place.warm("libuser.py")
+    assert place.kiln("libuser.py").stdout == "1\n"
+    assert place.runs("libuser.py") == 1
+    (place.lib / "helper_lib.py").write_text("VALUE = 22\n")
+    assert place.kiln("libuser.py").stdout == "22\n"  # the server saw it: a plain run
+
+
+def test_a_reinstalled_library_and_a_new_pth_give_a_plain_runs_result(place: Place) -> None:
+    site = place.root / "userbase" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
+        / "site-packages"
+    site.mkdir(parents=True)
+    env = place.env(PYTHONUSERBASE=str(place.root / "userbase"))
+
+    def install(value: int) -> None:
+        shutil.rmtree(site / "fakedist-1.0.dist-info", ignore_errors=True)
+        (site / "fakedist-1.0.dist-info").mkdir()
+        (site / "fakedist-1.0.dist-info" / "RECORD").write_text("fakedist.py,,\n")
+        (site / "fakedist-1.0.dist-info" / "METADATA").write_text("Name: fakedist\nVersion: 1.0\n")
+        (site / "fakedist.py").unlink(missing_ok=True)
+        (site / "fakedist.py").write_text(f"VALUE = {value}\n")
+        os.utime(site / "fakedist.py", (time.time() - 10, time.time() - 10))
+
+    install(1)
+    _lib_program(place, "import fakedist\ntry:\n    import pthmod\n    print(fakedist.VALUE, "
+                 "pthmod.X)\nexcept ImportError:\n    print(fakedist.VALUE, None)\n")
+    time.sleep(2.1)
+    place.warm("libuser.py", env=env)
+    assert place.kiln("libuser.py", env=env).stdout == "1 None\n"
+    assert place.runs("libuser.py") == 1
+    install(2)  # the same version again, other files: what pip does
+    assert place.kiln("libuser.py", env=env).stdout == "2 None\n"
+    time.sleep(2.1)
+    place.warm("libuser.py", env=env)
+    assert place.kiln("libuser.py", env=env).stdout == "2 None\n"
+    (place.root / "pthdir").mkdir()
+    (place.root / "pthdir" / "pthmod.py").write_text("X = 'from the pth'\n")
+    (site / "extra.pth").write_text(str(place.root / "pthdir") + "\n")
+    assert place.kiln("libuser.py", env=env).stdout == "2 from the pth\n"
+
+
+def test_a_changed_variable_and_a_shadowing_module_give_a_plain_runs_result(
+        place: Place) -> None:
+    (place.lib / "helper_lib.py").write_text("VALUE = 'library'\n")
+    _lib_program(place, "import os, helper_lib\nprint(helper_lib.VALUE, "
+                 "os.environ.get('SOME_SETTING'))\n")
+    time.sleep(2.1)
+    place.warm("libuser.py")
+    assert place.kiln("libuser.py").stdout == "library None\n"
+    assert place.runs("libuser.py") == 1
+    changed = place.kiln("libuser.py", env=place.env(SOME_SETTING="2"))
+    assert changed.stdout == "library 2\n"
+    assert place.runs("libuser.py") == 1  # another key: the run was plain
+    (place.app / "helper_lib.py").write_text("VALUE = 'program folder'\n")
+    assert place.kiln("libuser.py").stdout == "program folder None\n"
+
+
+def test_a_module_that_starts_a_thread_or_writes_at_import_is_left_to_each_run(
+        place: Place) -> None:
+    (place.lib / "noisy_lib.py").write_text("print('hello from noisy_lib')\n")
+    (place.lib / "thready_lib.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), "
+        "daemon=True).start()\nVALUE = 3\n")
+    _lib_program(place, "import numpy\nimport noisy_lib\nprint('main')\n", "noisy.py")
+    _lib_program(place, "import numpy\nimport thready_lib\nprint(thready_lib.VALUE)\n",
+                 "thready.py")
+    time.sleep(2.1)
+    env = place.env(KILN_EXPLAIN="1")
+    for script, expected in (("noisy.py", "hello from noisy_lib\nmain\n"), ("thready.py", "3\n")):
+        place.warm(script, env=env)
+        meta = place.wait_server(script)
+        wanted = script.replace(".py", "_lib")
+        end = time.monotonic() + 60
+        while wanted not in meta.get("not_preloaded", {}) and time.monotonic() < end:
+            time.sleep(0.2)  # (the server starts again without it)
+            meta = place.server_of(script) or meta
+        assert wanted in meta["not_preloaded"], meta
+        plain = place.kiln(script, server=False, env=env)
+        served = place.kiln(script, env=env)
+        assert served.stdout == plain.stdout == expected
+        assert place.runs(script) == 1
+        # KILN_EXPLAIN names what was left to the run, and why
+        assert f"not preloaded: {wanted} (" in served.stderr, served.stderr
+
+
+def test_the_server_killed_in_the_middle_of_a_run(place: Place) -> None:
+    server = place.warm("prog.py", "argv")
+    proc = start_child([sys.executable, "-m", "kiln", "run", "--server", "prog.py", "sleep",
+                        "2"], env=place.env(), cwd=place.app)
+    assert proc.stdout.readline() == "ready\n"
+    os.kill(int(server["pid"]), signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out) == (5, "done\n"), err  # the run's own result
+    after = place.kiln("prog.py", "exit")  # no server: a plain run
+    assert (after.returncode, after.stdout) == (7, "bye\n")
+
+
+def test_the_client_killed_in_the_middle_of_a_run_leaves_no_process(place: Place) -> None:
+    server = place.warm("prog.py", "argv")
+    proc = start_child([sys.executable, "-m", "kiln", "run", "--server", "prog.py", "sleep",
+                        "300"], env=place.env(), cwd=place.app)
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.communicate(timeout=60)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and [p for p in place.marked() if p != int(server["pid"])]:
+        time.sleep(0.1)
+    assert place.marked() == [int(server["pid"])]
+
+
+def test_a_server_that_does_not_answer_means_a_plain_run(place: Place) -> None:
+    server = place.warm("prog.py", "argv")
+    os.kill(int(server["pid"]), signal.SIGSTOP)
+    try:
+        late = place.kiln("prog.py", "exit", env=place.env(KILN_SERVER_TIMEOUT="0.05"))
+    finally:
+        os.kill(int(server["pid"]), signal.SIGCONT)
+    assert (late.returncode, late.stdout) == (7, "bye\n")  # once: the server's child never ran
+    time.sleep(1)
+    assert place.runs("prog.py") == 0
+
+
+def test_two_runs_at_once_of_the_same_and_of_another_program(place: Place) -> None:
+    (place.app / "other.py").write_text("import sys, time\nimport numpy\ntime.sleep(1)\n"
+                                        "print('other', sys.argv[1])\n")
+    place.warm("prog.py", "argv")
+    place.warm("other.py", "0")
+    procs = [start_child([sys.executable, "-m", "kiln", "run", "--server", *args],
+                         env=place.env(), cwd=place.app)
+             for args in (("prog.py", "sleep", "1"), ("prog.py", "sleep", "1"),
+                          ("other.py", "1"), ("other.py", "2"))]
+    outs = [(p.communicate(timeout=120)[0], p.returncode) for p in procs]
+    assert outs == [("ready\ndone\n", 5), ("ready\ndone\n", 5), ("other 1\n", 0),
+                    ("other 2\n", 0)]
+    assert place.runs("prog.py") == 2 and place.runs("other.py") == 2
+
+
+def test_no_room_to_write_still_runs_the_program(place: Place) -> None:
+    """Every file write fails (RLIMIT_FSIZE 0, as a full disk): no record, no server, no
+    store entry, and the program's result is a plain run's."""
+    code = ("import os, resource, signal, sys\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+            "os.execv(sys.executable, [sys.executable, '-m', 'kiln', 'run', '--server', "
+            "'prog.py', 'exit'])\n")
+    for _ in range(2):
+        full = run_child([sys.executable, "-c", code], env=place.env(), cwd=place.app,
+                         timeout=240)
+        assert (full.returncode, full.stdout) == (7, "bye\n"), full.stderr
+    assert place.servers() == []
+
+
+def test_idle_exit_cap_and_kiln_server_ls_and_stop(place: Place) -> None:
+    (place.app / "other.py").write_text("import numpy\nprint('other')\n")
+    place.warm("prog.py", "argv")
+    listed = run_child([sys.executable, "-m", "kiln", "server", "ls", "--json"],
+                       env=place.env(), timeout=60)
+    assert [s["target"] for s in json.loads(listed.stdout)] == ["prog.py"]
+    text = run_child([sys.executable, "-m", "kiln", "server", "ls"], env=place.env(), timeout=60)
+    assert "prog.py" in text.stdout and "KEY" in text.stdout
+    # a cap of one: the second program's server stops the first
+    place.warm("other.py", env=place.env(KILN_SERVER_MAX="1"))
+    end = time.monotonic() + 30
+    while place.server_of("prog.py") is not None and time.monotonic() < end:
+        time.sleep(0.1)
+    assert [s["target"] for s in place.servers()] == ["other.py"]
+    stopped = run_child([sys.executable, "-m", "kiln", "server", "stop"], env=place.env(),
+                        timeout=60)
+    assert "stopped" in stopped.stdout and place.servers() == []
+    # idle exit (after one second unused)
+    place.kiln("prog.py", "argv", env=place.env(KILN_SERVER_IDLE="1"))
+    logs = place.root / "store" / "server" / "logs"
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not any("idle: leaving" in f.read_text()
+                                              for f in logs.glob("*.log")):
+        time.sleep(0.1)
+    assert any("idle: leaving" in f.read_text() for f in logs.glob("*.log"))
+    assert place.servers() == []
+    assert run_child([sys.executable, "-m", "kiln", "server", "stop", "nosuchkey"],
+                     env=place.env(), timeout=60).returncode == 1
+
+
+def test_kiln_server_ls_does_not_import_jax(place: Place) -> None:
+    code = ("import sys\nsys.argv = ['kiln', 'server', 'ls']\nimport kiln_cli\n"
+            "status = kiln_cli.main()\nprint('jax' in sys.modules, status)\n")
+    done = run_child([sys.executable, "-c", code], env=place.env(), timeout=60)
+    assert done.stdout.splitlines()[-1] == "False 0"
