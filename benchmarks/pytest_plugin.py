@@ -24,7 +24,18 @@ The suite: test modules shipped inside the installed optax package (default: a s
   0.3x plain. Run 2 still pays JAX for what kiln.jit does not cover (eager operations, JAX's
   own jits such as ``jax.numpy``'s functions called outside any jit: traced, lowered, and
   loaded from JAX's cache); the plugin's summary gives JAX's lowering seconds, and the figure
-  "run 2 less it" counts that apart.
+  "run 2 less it" counts that apart;
+- ``kiln-server run 1`` / ``run 2``: ``python -m kiln run --server --jit -m pytest`` (the
+  same pytest arguments, without ``--kiln``: ``kiln run`` turns on the route and the swap
+  itself, and ``--kiln-jit`` would imply ``--kiln``) on a fresh kiln store and a fresh folder
+  of sockets (``KILN_SERVER_DIR``), from a working folder nothing writes to: run 1 is a plain
+  ``kiln run`` that records pytest's imports and starts the warm process at its end; then,
+  untimed, a wait until ``kiln server ls`` lists it (at most ``--server-wait`` seconds); run 2
+  is forked from it (skipping the imports of pytest, jax, optax and the test modules it could
+  preload); then ``kiln server stop``. Run 2 counts as served only where the server's count
+  of runs went from 0 to 1; a repetition it did not serve is flagged ("NOT SERVED").
+  Printed: run 2 / plain, run 2 / kiln-jit run 2, run 1 / kiln-jit run 1 (the server's cost
+  to a first run).
 
 ``--modes`` runs a subset (``plain`` always; a run 2 brings its run 1).
 
@@ -36,6 +47,7 @@ repetitions; the pass / fail counts of every run must be equal (printed).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -44,23 +56,31 @@ from pathlib import Path
 from typing import Any
 
 import _harness as bench
+from real_programs import server_log, server_of, stop_servers, wait_for_server
 
 DEFAULT_TESTS = ("transform_test.py", "combine_test.py", "update_test.py", "utils_test.py")
 MODES = ("plain", "jax cache run 1", "jax cache run 2", "kiln run 1", "kiln run 2",
-         "kiln-jit run 1", "kiln-jit run 2")
+         "kiln-jit run 1", "kiln-jit run 2", "kiln-server run 1", "kiln-server run 2")
+# how kiln server ls names the server of ``kiln run --server -m pytest``
+SERVER_TARGET = "-m pytest"
 
 
 def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
-              swap: bool = False) -> dict[str, Any]:
+              swap: bool = False, server: bool = False) -> dict[str, Any]:
     cmd = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
-    if kiln or swap:  # the swap is --kiln's default since issue 43: said either way
+    if server:  # kiln run does the plugin's set-up itself (the route; the swap: --jit)
+        cmd = ["-m", "kiln", "run", "--server", "--jit", *cmd]
+    elif kiln or swap:  # the swap is --kiln's default since issue 43: said either way
         cmd += ["--kiln", "--kiln-jit" if swap else "--kiln-no-jit"]
     proc = bench.fresh(cmd, env=env, cwd=cwd, timeout=3600, check=False)
     tail = proc.stdout.strip().splitlines()[-3:]
     found = re.findall(r"(\d+) (passed|failed|skipped|error)", "\n".join(tail))
     counts = {k: int(n) for n, k in found}
-    summary = "; ".join(ln for ln in proc.stdout.strip().splitlines()[-4:]
-                        if ln.startswith("kiln:"))
+    # the plugin's summary (stdout); kiln run's (stderr)
+    summary = "; ".join([ln for ln in proc.stdout.strip().splitlines()[-4:]
+                         if ln.startswith("kiln:")]
+                        + [ln for ln in proc.stderr.strip().splitlines()[-4:]
+                           if ln.startswith("kiln: hits:")])
     if proc.returncode not in (0, 1) or not counts:
         raise SystemExit(f"error: {shlex.join([sys.executable, *cmd])} exited "
                          f"{proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -68,12 +88,15 @@ def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench.options(__doc__, reps=5)
+    parser = bench.options(__doc__, reps=5, quick_reps=1)
     parser.add_argument("--tests", nargs="+", default=list(DEFAULT_TESTS),
                         help="test files under the installed optax/_src (default: %(default)s)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                         metavar="MODE", help="run only these modes (a run 2 brings its run 1; "
                         "'plain' is always run: the anchor); default: all of %(choices)s")
+    parser.add_argument("--server-wait", type=float, default=60.0,
+                        help="kiln-server: seconds to wait for the server after run 1 "
+                        "(default: %(default)s)")
     args = bench.begin(parser, argv, dists=("jax", "jaxlib", "optax", "jax-kiln", "pytest"))
     wanted = set(args.modes) | {"plain"}
     wanted |= {m.replace("run 2", "run 1") for m in wanted}
@@ -91,11 +114,48 @@ def main(argv: list[str] | None = None) -> int:
     def env(**extra: str) -> dict[str, str]:
         return bench.child_env(JAX_PLATFORMS="cpu", KILN_PROGRESS="0", **extra)
 
+    # kiln-server: each repetition's folder of sockets, short (AF_UNIX paths hold ~107 bytes)
+    sockets: dict[int, str] = {}
+
+    def server_run(mode: str, rep: int, tmpdir: Path) -> dict[str, Any]:
+        where = tmpdir / "server"
+        cwd = where / "cwd"  # nothing writes here (it is on the client's sys.path)
+        if rep not in sockets:
+            sockets[rep] = tempfile.mkdtemp(prefix="kbs", dir="/tmp" if os.path.isdir("/tmp")
+                                            else None)
+        senv = env(KILN_CACHE_DIR=str(where / "store"), KILN_SERVER_DIR=sockets[rep],
+                   KILN_SERVER_IDLE="600")
+        if mode.endswith("run 1"):
+            cwd.mkdir(parents=True)
+            out = run_suite(files, senv, cwd, kiln=False, server=True)
+            if "kiln-server run 2" not in modes:
+                stop_servers(senv, cwd)
+            return out
+        try:
+            ready, waited = wait_for_server(SERVER_TARGET, senv, cwd, args.server_wait)
+            out = run_suite(files, senv, cwd, kiln=False, server=True)
+            after = server_of(SERVER_TARGET, senv, cwd)
+        finally:
+            stop_servers(senv, cwd)
+        served = (ready is not None and after is not None
+                  and after.get("pid") == ready.get("pid") and after.get("runs") == 1)
+        why = None if served else (
+            (f"no server listed after {waited:.1f} s" if ready is None else
+             "the server was gone after the run" if after is None else
+             f"the server counted {after.get('runs')} runs") + "; log: "
+            + server_log(where / "store"))
+        out |= {"ready_s": waited, "served": served, "not_served_why": why}
+        out["kiln_summary"] += f"  [server ready after {waited:.2f} s; " + (
+            "served]" if served else f"NOT SERVED: {why}]")
+        return out
+
     with tempfile.TemporaryDirectory(prefix="kiln-pytest-bench-") as tmp:
         def run(mode: str, rep: int) -> dict[str, Any]:
             # each repetition from empty caches; run 2 after its run 1, in the order of MODES
             tmpdir = Path(tmp) / f"rep{rep}"
             tmpdir.mkdir(exist_ok=True)
+            if mode.startswith("kiln-server"):
+                return server_run(mode, rep, tmpdir)
             if mode == "plain":
                 return run_suite(files, env(), tmpdir, kiln=False)
             if mode.startswith("jax cache"):
@@ -107,9 +167,17 @@ def main(argv: list[str] | None = None) -> int:
             return run_suite(files, env(KILN_CACHE_DIR=str(tmpdir / "kiln-store")), tmpdir,
                              kiln=True)
 
-        samples = bench.interleave(modes, args.reps, run, rotate=False, label=lambda m: f"{m:<16}",
-                                   show=lambda r: f"{r['wall_s']:7.2f} s  {r['counts']}  "
-                                                  f"{r['kiln_summary']}")
+        try:
+            samples = bench.interleave(modes, args.reps, run, rotate=False,
+                                       label=lambda m: f"{m:<17}",
+                                       show=lambda r: f"{r['wall_s']:7.2f} s  {r['counts']}  "
+                                                      f"{r['kiln_summary']}")
+        finally:  # no server left behind, whatever happened
+            for where in sockets.values():
+                stop_servers(env(KILN_SERVER_DIR=where), Path(tmp))
+                for name in os.listdir(where):
+                    os.unlink(os.path.join(where, name))
+                os.rmdir(where)
 
     walls = {m: bench.spread(s["wall_s"] for s in samples[m]) for m in modes}
     med = {m: w["median"] for m, w in walls.items()}
@@ -137,11 +205,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kiln-jit run 2: JAX's own lowering (eager operations, JAX's jits) median "
                   f"{low:.2f} s; run 2 less it / plain: "
                   f"{(med['kiln-jit run 2'] - low) / med['plain']:.3f}x")
+    unserved: list[int] = []
+    if "kiln-server run 2" in med:
+        unserved = [i + 1 for i, s in enumerate(samples["kiln-server run 2"]) if not s["served"]]
+        print(f"kiln-server run 2 / plain: {over_plain['kiln-server run 2']:.3f}x"
+              + (f"; kiln-server run 2 / kiln-jit run 2: "
+                 f"{med['kiln-server run 2'] / med['kiln-jit run 2']:.3f}x"
+                 if "kiln-jit run 2" in med else "")
+              + f"; server ready after "
+              f"{bench.median(s['ready_s'] for s in samples['kiln-server run 2']):.2f} s; "
+              + ("served in every repetition" if not unserved else
+                 f"NOT SERVED in repetitions {unserved}: its figures do not hold"))
+    if "kiln-server run 1" in med and "kiln-jit run 1" in med:
+        ones = bench.pair_ratios([s["wall_s"] for s in samples["kiln-server run 1"]],
+                                 [s["wall_s"] for s in samples["kiln-jit run 1"]])
+        added = bench.median(a["wall_s"] - b["wall_s"] for a, b in zip(
+            samples["kiln-server run 1"], samples["kiln-jit run 1"], strict=True))
+        print(f"kiln-server run 1 / kiln-jit run 1 (the server's cost to a first run): "
+              f"{bench.median(ones):.3f}x paired ({added:+.2f} s)")
     counts = {json.dumps(s["counts"], sort_keys=True) for m in modes for s in samples[m]}
     print(f"pass/fail counts identical in every run: {len(counts) == 1} ({'; '.join(counts)})")
     bench.save(args, {"tests": args.tests, "modes": modes, "samples": samples,
-                      "median_wall_s": med})
-    return 0
+                      "median_wall_s": med, "server_unserved_repetitions": unserved})
+    return 1 if unserved else 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

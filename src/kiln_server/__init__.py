@@ -36,8 +36,22 @@ import sys
 import time
 from typing import Any
 
-from ._common import (Reader, Target, enabled_by_env, explain, files_of, key_of, read_meta,
-                      read_record, record_path, send, server_dir, setting, write_record)
+from ._common import (
+    Reader,
+    Target,
+    enabled_by_env,
+    explain,
+    files_of,
+    interpreter_flags,
+    key_of,
+    read_meta,
+    read_record,
+    record_path,
+    send,
+    server_dir,
+    setting,
+    write_record,
+)
 
 __all__ = ["after_run", "run_warm", "target_of"]
 
@@ -259,6 +273,7 @@ def imported_modules(own_dir: str) -> list[str]:
 def _after_run(target: Target) -> None:
     import subprocess
 
+    start = time.perf_counter()
     old = read_record(target) or []
     seen = set(old)
     modules = old + [m for m in imported_modules(target.own_dir) if m not in seen]
@@ -272,7 +287,8 @@ def _after_run(target: Target) -> None:
         return
     logs = os.path.join(os.path.dirname(os.path.dirname(record_path(target))), "logs")
     os.makedirs(logs, mode=0o700, exist_ok=True)
-    spec = {"key": key, "modules": modules, "argv": target.argv, "path": target.path, "own_dir": target.own_dir,
+    spec = {"key": key, "modules": modules, "argv": target.argv, "path": target.path,
+            "own_dir": target.own_dir,
             "target": target.describe(), "record": record_path(target), "dir": where,
             "idle": setting("IDLE", 900.0), "max": int(setting("MAX", 4))}
     spec_path = os.path.join(where, f"{key[:20]}.{os.getpid()}.spec")
@@ -281,11 +297,12 @@ def _after_run(target: Target) -> None:
     log = open(os.path.join(logs, key[:20] + ".log"), "ab")
     with log:
         subprocess.Popen(
-            [sys.executable, *subprocess._args_from_interpreter_flags(), "-c",
+            [sys.executable, *interpreter_flags(), "-c",
              "import kiln_server._serve as s; s.main()", spec_path],
             env=target.environ, cwd=target.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, close_fds=True)
-    explain(f"started a server for this program (key {key[:12]}, {len(modules)} modules)")
+    explain(f"started a server for this program (key {key[:12]}, {len(modules)} modules; "
+            f"{(time.perf_counter() - start) * 1e3:.1f} ms of this run)")
 
 
 def _alive(pid: int) -> bool:

@@ -22,7 +22,7 @@ def run_child(job: dict[str, Any]) -> int:
     os.close(job["go"])
     if go != b"g":  # the client gave up before the hand-over and runs the program itself
         os._exit(0)
-    for target, fd in zip((0, 1, 2), fds):
+    for target, fd in zip((0, 1, 2), fds, strict=True):
         if fd != target:
             os.dup2(fd, target)
             os.close(fd)
@@ -79,7 +79,8 @@ def _reopen_stdio() -> None:
 def _make_anew() -> None:
     """What a fresh process makes anew at start or import and a fork copies."""
     faulthandler = sys.modules.get("faulthandler")
-    if faulthandler is not None and faulthandler.is_enabled():  # -X faulthandler: to the client's stderr
+    if faulthandler is not None and faulthandler.is_enabled():
+        # -X faulthandler: to the client's stderr
         faulthandler.enable(file=sys.stderr, all_threads=True)
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:

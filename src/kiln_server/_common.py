@@ -141,6 +141,15 @@ def write_record(target: Target, modules: list[str]) -> None:
     os.replace(tmp, path)
 
 
+def interpreter_flags() -> list[str]:
+    """The command-line flags of this interpreter (``-O``, ``-W ...``, ``-X ...``), to start a
+    server with the same ones (they are in its key)."""
+    import subprocess
+
+    flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return flags
+
+
 def _interpreter() -> list[Any]:
     real = os.path.realpath(sys.executable)
     info = os.stat(real)

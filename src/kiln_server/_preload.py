@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -114,5 +113,7 @@ def _restart(spec: dict[str, Any], unsafe: dict[str, str], saved: tuple[int, int
     os.dup2(saved[1], 2)
     if len(unsafe) > 20:  # a loop of surprises: give up serving this key
         os._exit(0)
-    os.execv(sys.executable, [sys.executable, *subprocess._args_from_interpreter_flags(),
-                              "-c", "import kiln_server._serve as s; s.main()", spec_path])
+    from ._common import interpreter_flags
+
+    os.execv(sys.executable, [sys.executable, *interpreter_flags(), "-c",
+                              "import kiln_server._serve as s; s.main()", spec_path])

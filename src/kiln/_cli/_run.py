@@ -46,7 +46,8 @@ def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
         "(kiln.replace_jax_jit; KILN_JIT_EXCLUDE leaves modules or functions to jax.jit; "
         "--no-jit or KILN_REPLACE_JIT=0 leaves every jax.jit alone). Exits with the "
         "script's status.",
-        usage="kiln run [-h] [--explain] [--verify] [--no-jit] [--server] (SCRIPT | -m MODULE) [ARGS ...]",
+        usage="kiln run [-h] [--explain] [--verify] [--no-jit] [--server] "
+        "(SCRIPT | -m MODULE) [ARGS ...]",
     )
     run.add_argument("--explain", action="store_true",
                      help="log why each miss happened (kiln.configure(explain=True)) to stderr")

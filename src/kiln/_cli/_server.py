@@ -60,7 +60,8 @@ class _Listed:
         for s in self.servers:
             left = float(s.get("last_used", now)) + float(s.get("idle", 0)) - now
             rows.append([str(s.get("key", ""))[:12], str(s.get("pid", "")),
-                         str(s.get("state", "")), str(s.get("target", "")), str(s.get("preloaded", "")),
+                         str(s.get("state", "")), str(s.get("target", "")),
+                         str(s.get("preloaded", "")),
                          str(s.get("runs", 0)), ago(now - float(s.get("started", now))),
                          ago(now - float(s.get("last_used", now))),
                          f"{max(int(left), 0)} s idle"])
