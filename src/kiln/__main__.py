@@ -1,6 +1,11 @@
 """``python -m kiln``: the ``kiln`` command line (see :mod:`kiln._cli`, :mod:`kiln_cli`)."""
 
 if __name__ == "__main__":
-    import kiln_cli  # (kiln run --server first offers the run to a warm process)
+    import kiln_server  # (kiln run --server first offers the run to a warm process)
 
-    raise SystemExit(kiln_cli.main())
+    def _load():  # type: ignore[no-untyped-def]
+        from kiln._cli import main
+
+        return main
+
+    raise SystemExit(kiln_server.command_line(_load))

@@ -13,7 +13,7 @@ same (``kiln/__init__`` tells it from ``sys.argv``).
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 
 __all__ = ["main"]
 
@@ -28,20 +28,17 @@ def main() -> int:
     process (:mod:`kiln_server`, standard library only: nothing of kiln or jax is imported
     for it); where none takes it, the run is a plain one, which at its end records the
     program's imports and starts that process for the next run."""
-    global importing
     import kiln_server
 
-    target = kiln_server.target_of(sys.argv[1:])
-    if target is not None:
-        status = kiln_server.run_warm(target)
-        if status is not None:
-            return status
+    return kiln_server.command_line(_load)
+
+
+def _load() -> Callable[[list[str] | None], int]:
+    """kiln's command line (``kiln._cli.main``), imported as the command line imports kiln."""
+    global importing
     importing = True
     try:
         from kiln._cli import main as cli
     finally:
         importing = False
-    status = cli(target.argv[:] if target is not None else None)
-    if target is not None:
-        kiln_server.after_run(target)
-    return status
+    return cli

@@ -22,8 +22,9 @@ status. The tools that did this for other languages: Rails' Spring, the Gradle d
   before the hand-over makes this run a plain one, with the reason under ``KILN_EXPLAIN``.
 
 This package imports only the standard library (the client starts in milliseconds); the server
-is :mod:`kiln_server._serve`, the child's set-up :mod:`kiln_server._child`. Documented in
-docs/reference.md, "The warm process".
+is :mod:`kiln_warm._serve` (a package above kiln: it imports and runs kiln's command line),
+the child's set-up :mod:`kiln_warm._child`; this package stands below kiln (``kiln server
+ls|stop`` use it). Documented in docs/reference.md, "The warm process".
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ._common import (
@@ -53,13 +55,29 @@ from ._common import (
     write_record,
 )
 
-__all__ = ["after_run", "run_warm", "target_of"]
+__all__ = ["after_run", "command_line", "run_warm", "target_of"]
 
 # kiln's options before the verb and after ``run`` that take a value
 _VALUED = ("--cache-dir", "--store")
 _RUN_FLAGS = ("--explain", "--verify", "--jit", "--no-jit")
 # the signals a terminal or a supervisor sends that the client hands to the child
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+
+
+def command_line(load: Callable[[], Callable[[list[str] | None], int]]) -> int:
+    """The ``kiln`` command line on ``sys.argv[1:]`` (``kiln_cli``, ``python -m kiln``): a
+    ``kiln run`` that asks for the server is first offered to the program's warm process;
+    otherwise, or where none takes it, ``load()`` gives kiln's own ``main`` (imported only
+    then), and a plain run that asked for the server records its imports and starts one."""
+    target = target_of(sys.argv[1:])
+    if target is not None:
+        status = run_warm(target)
+        if status is not None:
+            return status
+    status = load()(target.argv[:] if target is not None else None)
+    if target is not None:
+        after_run(target)
+    return status
 
 
 def target_of(argv: list[str]) -> Target | None:
@@ -298,7 +316,7 @@ def _after_run(target: Target) -> None:
     with log:
         subprocess.Popen(
             [sys.executable, *interpreter_flags(), "-c",
-             "import kiln_server._serve as s; s.main()", spec_path],
+             "import kiln_warm._serve as s; s.main()", spec_path],
             env=target.environ, cwd=target.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, close_fds=True)
     explain(f"started a server for this program (key {key[:12]}, {len(modules)} modules; "

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from ._common import send
+from kiln_server._common import send
 
 __all__ = ["run_child"]
 
@@ -99,7 +99,7 @@ def _update_record(request: dict[str, Any], preloaded: set[str]) -> None:
     """The program imported modules its record does not list: add them (the next plain run
     starts a server that preloads them too). Never raises."""
     try:
-        from . import imported_modules
+        from kiln_server import imported_modules
 
         path = request["record"]
         with open(path, encoding="utf-8") as f:

@@ -113,7 +113,7 @@ def _restart(spec: dict[str, Any], unsafe: dict[str, str], saved: tuple[int, int
     os.dup2(saved[1], 2)
     if len(unsafe) > 20:  # a loop of surprises: give up serving this key
         os._exit(0)
-    from ._common import interpreter_flags
+    from kiln_server._common import interpreter_flags
 
     os.execv(sys.executable, [sys.executable, *interpreter_flags(), "-c",
-                              "import kiln_server._serve as s; s.main()", spec_path])
+                              "import kiln_warm._serve as s; s.main()", spec_path])

@@ -1,6 +1,6 @@
 """The warm process server: preloads a program's imports, checks before each run that none of
 them changed, forks a child per run and reports how it ended. Started by
-:func:`kiln_server.after_run` as ``python -c "import kiln_server._serve as s; s.main()" SPEC``.
+:func:`kiln_server.after_run` as ``python -c "import kiln_warm._serve as s; s.main()" SPEC``.
 
 One process, one thread: a select loop over the listening socket, a pipe that SIGCHLD wakes,
 and the connections of the running children (to see a client vanish: its child is then killed
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from ._common import Reader, files_of, send
+from kiln_server._common import Reader, files_of, send
 
 __all__ = ["main"]
 
@@ -139,7 +139,7 @@ class Server:
 
     def _cap(self) -> None:
         """Past ``KILN_SERVER_MAX`` servers for this user, stop the least recently used."""
-        from . import list_servers, stop_server
+        from kiln_server import list_servers, stop_server
 
         others = [m for m in list_servers() if m.get("pid") != os.getpid()]
         excess = len(others) + 1 - max(int(self.spec["max"]), 1)
@@ -368,7 +368,7 @@ class Server:
     def _child_job(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
                    go_r: int) -> dict[str, Any]:
         """In the child, right after the fork: drop every resource of the server; what
-        :func:`kiln_server._child.run_child` needs."""
+        :func:`kiln_warm._child.run_child` needs."""
         try:
             os.setpgid(0, 0)
         except OSError:
