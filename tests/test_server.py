@@ -125,6 +125,17 @@ PROG = textwrap.dedent('''
         elif case == "faulthandler":
             import faulthandler
             faulthandler.dump_traceback(file=sys.stderr, all_threads=False)
+        elif case == "names":
+            print(sys.stdout.name, sys.stdin.buffer.raw.name, repr(sys.stderr))
+        elif case == "fd3":
+            os.write(3, b"to fd3\\n")
+            print("ok")
+        elif case == "big":
+            for i in range(200000):
+                print("line", i)
+        elif case == "nosignal":
+            time.sleep(4)
+            print("no signal")
         elif case == "tty":
             print(sys.stdin.isatty(), sys.stdout.isatty(), flush=True)
             print("got", input(), flush=True)
@@ -320,6 +331,43 @@ def test_each_run_starts_from_the_server_not_from_the_last_run(shared: Place,
     assert shared.kiln("prog.py", "dtype").stdout == "int32\n"
     assert shared.kiln("prog.py", "syspath", str(tmp_path / "extra")).stdout == "41\n"
     assert shared.kiln("prog.py", "noextra").stdout == "False []\n"
+
+
+def _shell(p: Place, line: str, server: bool) -> Any:
+    """``line`` in bash, ``KILN`` standing for this interpreter's ``kiln run`` with or without
+    the server; the run counted as served (or not) by the server's description."""
+    kiln = f"{sys.executable} -m kiln run {'--server' if server else '--no-server'}"
+    before = p.runs("prog.py")
+    done = run_child(["bash", "-c", line.replace("KILN", kiln)], env=p.env(), cwd=p.app,
+                     timeout=240)
+    return done, p.runs("prog.py") - before
+
+
+def test_descriptors_names_pipes_and_ignored_signals_as_a_plain_run(shared: Place,
+                                                                    tmp_path: Path) -> None:
+    both(shared, "names")  # (the server preloads what these runs import)
+    cases = [
+        # (the shell line, served?)
+        (f"KILN prog.py fd3 3>{tmp_path}/fd3.txt; cat {tmp_path}/fd3.txt", True),
+        ("KILN prog.py big | head -2; echo status ${PIPESTATUS[0]}", True),
+        # nohup, a background job: the signal stays ignored in the run
+        ("trap '' HUP INT; KILN prog.py nosignal & p=$!; sleep 2; kill -HUP $p; "
+         "kill -INT $p; wait $p; echo status $?", True),
+        # a closed stdin: sys.stdin is None in a plain run (a served run could not give it)
+        ("KILN prog.py isatty <&-; echo status $?", False),
+    ]
+    for line, servable in cases:
+        plain, _ = _shell(shared, line, server=False)
+        for _ in range(3):  # (a run that imported something new: the next one is served)
+            served, count = _shell(shared, line, server=True)
+            if count == int(servable):
+                break
+            shared.wait_server("prog.py")
+        assert count == int(servable), line
+        assert (served.stdout, SUMMARY.sub("", served.stderr)) == \
+            (plain.stdout, SUMMARY.sub("", plain.stderr)), line
+    names = shared.kiln("prog.py", "names").stdout
+    assert names.startswith("<stdout> <stdin> <_io.TextIOWrapper name='<stderr>'")
 
 
 def test_numpy_global_generator_is_seeded_anew_each_run(shared: Place) -> None:

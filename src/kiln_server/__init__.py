@@ -142,6 +142,10 @@ def run_warm(target: Target) -> int | None:
     take it (no record yet, no server, a stale one, a fault, past the deadline): the caller
     then runs it as a plain ``kiln run``."""
     deadline = time.monotonic() + setting("TIMEOUT", 0.05)
+    inherited = _inherited()
+    if inherited is None:
+        explain("stdin, stdout or stderr is closed: a plain run (it says what it says)")
+        return None
     modules = read_record(target)
     if modules is None:
         explain("no record of this program's imports yet: a plain run, which records them "
@@ -159,8 +163,6 @@ def run_warm(target: Target) -> int | None:
             explain(f"no server for this program yet (key {key[:12]}): a plain run, which "
                     "starts one")
             return None
-        for fd in (0, 1, 2):
-            os.fstat(fd)  # a closed stdio: a plain run says what it says
         send(conn, _request(target, key))
         reader = Reader(conn)
         conn.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -169,8 +171,9 @@ def run_warm(target: Target) -> int | None:
             why = (ready or {}).get("why", "the server closed the connection")
             explain(f"{why}: a plain run")
             return None
-        # (stdin, stdout, stderr only to a server that answered: see _serve)
-        send(conn, {"op": "stdio"}, fds=[0, 1, 2])
+        # (stdin, stdout, stderr and every other descriptor a plain run inherits, only to a
+        # server that answered: see _serve)
+        send(conn, {"op": "stdio", "numbers": inherited}, fds=inherited)
         conn.settimeout(max(deadline - time.monotonic(), 0.001))
         reply = reader.next()
         if reply is None or "pid" not in reply:
@@ -190,13 +193,45 @@ def run_warm(target: Target) -> int | None:
     return _wait(conn, reader, int(reply["pid"]))
 
 
+def _inherited() -> list[int] | None:
+    """The descriptors a plain run would have: 0, 1, 2 and every other inheritable one this
+    process was given (a ``3>file`` of the shell, a pipe of a parent); None if 0, 1 or 2 is
+    closed (a plain run then has ``sys.stdin`` None, which a server's child cannot give)."""
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+        others = sorted(int(n) for n in os.listdir("/proc/self/fd") if int(n) > 2)
+    except (OSError, ValueError):
+        return None
+    extra = []
+    for fd in others:
+        try:
+            if os.get_inheritable(fd):
+                extra.append(fd)
+        except OSError:
+            continue  # (the listing's own descriptor, closed by now)
+    return [0, 1, 2, *extra[:200]]
+
+
+def _ignored() -> list[int]:
+    """The signals this process was started with ignored (``nohup``, a shell's background
+    job): a plain run keeps them ignored, so the child does, and the client forwards none."""
+    found = []
+    for name in (*_FORWARDED, "SIGTSTP"):
+        signum = getattr(signal, name)
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            found.append(int(signum))
+    return found
+
+
 def _request(target: Target, key: str) -> dict[str, Any]:
     umask = os.umask(0)
     os.umask(umask)
     return {"op": "run", "key": key, "argv": target.argv, "sys_argv": sys.argv,
             "orig_argv": getattr(sys, "orig_argv", sys.argv), "cwd": os.getcwd(),
             "umask": umask, "environ": target.environ, "path": target.path,
-            "own_dir": target.own_dir, "record": record_path(target), "client": os.getpid()}
+            "own_dir": target.own_dir, "record": record_path(target), "client": os.getpid(),
+            "ignored": _ignored()}
 
 
 def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
@@ -224,9 +259,12 @@ def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
         except OSError:
             pass
 
+    ignored = set(_ignored())
     for name in _FORWARDED:
-        signal.signal(getattr(signal, name), forward)
-    signal.signal(signal.SIGTSTP, stop)
+        if getattr(signal, name) not in ignored:
+            signal.signal(getattr(signal, name), forward)
+    if signal.SIGTSTP not in ignored:
+        signal.signal(signal.SIGTSTP, stop)
     signal.signal(signal.SIGCONT, resume)
     code: int | None = None
     while True:
@@ -306,6 +344,7 @@ def _after_run(target: Target) -> None:
     logs = os.path.join(os.path.dirname(os.path.dirname(record_path(target))), "logs")
     os.makedirs(logs, mode=0o700, exist_ok=True)
     spec = {"key": key, "modules": modules, "argv": target.argv, "path": target.path,
+            "client": os.getpid(),
             "own_dir": target.own_dir,
             "target": target.describe(), "record": record_path(target), "dir": where,
             "idle": setting("IDLE", 900.0), "max": int(setting("MAX", 4))}

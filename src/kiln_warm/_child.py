@@ -4,9 +4,12 @@ copies; run ``kiln run`` as a plain run does; say the status to the client."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import signal
+import socket
 import sys
 from typing import Any
 
@@ -22,10 +25,9 @@ def run_child(job: dict[str, Any]) -> int:
     os.close(job["go"])
     if go != b"g":  # the client gave up before the hand-over and runs the program itself
         os._exit(0)
-    for target, fd in zip((0, 1, 2), fds, strict=True):
-        if fd != target:
-            os.dup2(fd, target)
-            os.close(fd)
+    conn = _place(conn, fds, list(request["numbers"]))
+    for signum in request.get("ignored", ()):
+        signal.signal(signum, signal.SIG_IGN)
     os.chdir(request["cwd"])
     os.umask(int(request["umask"]))
     os.environ.clear()
@@ -46,6 +48,22 @@ def run_child(job: dict[str, Any]) -> int:
     return status
 
 
+def _place(conn: socket.socket, fds: list[int], numbers: list[int]) -> socket.socket:
+    """Put each descriptor the client passed at the number it has there (``fds[i]`` becomes
+    ``numbers[i]``, inheritable, as a plain run inherits it), moving this child's own
+    (the connection to the client) out of their way first; the connection, moved."""
+    high = 1 + max([*numbers, *fds, conn.fileno(), 2])
+    moved = socket.socket(fileno=fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, high + 256))
+    os.close(conn.detach())
+    temps = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for temp, number in zip(temps, numbers, strict=True):
+        os.dup2(temp, number, inheritable=True)
+        os.close(temp)
+    return moved
+
+
 def _reopen_stdio() -> None:
     """``sys.stdin``/``stdout``/``stderr`` for the client's descriptors, made as Python makes
     them at start (``create_stdio`` in CPython's pylifecycle.c): line-buffered where a terminal
@@ -57,13 +75,10 @@ def _reopen_stdio() -> None:
         encoding = getattr(old, "encoding", None) or "utf-8"
         errors = getattr(old, "errors", None) or "strict"
         tty = os.isatty(fd)
-        if fd == 0:
-            raw = io.FileIO(fd, "rb", closefd=False)
-            binary: Any = io.BufferedReader(raw)
-        elif buffered:
-            binary = io.BufferedWriter(io.FileIO(fd, "wb", closefd=False))
-        else:
-            binary = io.FileIO(fd, "wb", closefd=False)
+        binary: Any = open(fd, "rb" if fd == 0 else "wb",  # noqa: SIM115 - sys's own
+                              -1 if buffered or fd == 0 else 0, closefd=False)
+        raw = binary.raw if hasattr(binary, "raw") else binary
+        raw.name = f"<{name}>"
         line_buffering = buffered and fd != 0 and (tty or fd == 2)
         stream = io.TextIOWrapper(binary, encoding=encoding, errors=errors, newline="\n",
                                   line_buffering=line_buffering, write_through=not buffered)

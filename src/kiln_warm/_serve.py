@@ -77,6 +77,7 @@ class Server:
         self.pid = os.getpid()
         self.preloaded, self.unsafe = [], {}
         self._describe("starting")  # listed (and stoppable: SIGTERM) while it imports
+        _after(int(self.spec.get("client", 0)))
         before = set(sys.modules)
         self.preloaded, self.unsafe = preload(self.spec)
         if self.unsafe:
@@ -311,9 +312,12 @@ class Server:
             send(conn, {"ready": True})
             message = reader.next()
             fds = reader.fds
-            if message is None or message.get("op") != "stdio" or len(fds) != 3:
+            numbers = message.get("numbers") if message is not None else None
+            if (message is None or message.get("op") != "stdio" or not isinstance(numbers, list)
+                    or len(numbers) != len(fds) or numbers[:3] != [0, 1, 2]):
                 conn.close()
                 return None
+            request["numbers"] = numbers
             return self._fork(conn, reader, request, fds)
         finally:
             if fds and not getattr(self, "_in_child", False):
@@ -385,6 +389,28 @@ class Server:
         self.children.clear()
         return {"conn": conn, "request": request, "fds": fds, "go": go_r,
                 "preloaded": self.preloaded}
+
+
+def _after(pid: int, limit_s: float = 60.0) -> None:
+    """Wait (at most ``limit_s``) until the run that started this server has ended: its own
+    exit (JAX's clean-up, atexit handlers) never shares the machine with this import work."""
+    end = time.monotonic() + limit_s
+    while pid > 0 and time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                pass
+            time.sleep(0.02)
+            continue
+        if state == b"Z":
+            return
+        time.sleep(0.02)
 
 
 def _unsafe_now() -> str | None:
