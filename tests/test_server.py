@@ -411,7 +411,9 @@ def _through_pty(p: Place, server: bool) -> str:
     os.close(secondary)
     seen = b""
     end = time.monotonic() + 120
-    while b"True True" not in seen and time.monotonic() < end:
+    # (the whole line, its end included: a terminal may hand over "True True" and its "\r\n"
+    # in two reads, and the echo of what is typed must come after both)
+    while b"True True\r\n" not in seen and time.monotonic() < end:
         if select.select([main], [], [], 0.5)[0]:
             seen += os.read(main, 4096)
     os.write(main, b"typed\n")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import kiln_server
 import pytest
+
+import kiln_server
 from kiln_server import _common
 
 
