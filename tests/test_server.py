@@ -500,10 +500,12 @@ def test_an_edited_preloaded_module_gives_a_plain_runs_result(place: Place) -> N
 
 
 def test_a_reinstalled_library_and_a_new_pth_give_a_plain_runs_result(place: Place) -> None:
-    site = place.root / "userbase" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" \
-        / "site-packages"
-    site.mkdir(parents=True)
-    env = place.env(PYTHONUSERBASE=str(place.root / "userbase"))
+    # a folder Python treats as site-packages (its .pth files read at start): added by a
+    # sitecustomize on PYTHONPATH (the user site is off in a virtual environment)
+    site = place.root / "site-packages"
+    site.mkdir()
+    (place.lib / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
+    env = place.env()
 
     def install(value: int) -> None:
         shutil.rmtree(site / "fakedist-1.0.dist-info", ignore_errors=True)
