@@ -29,7 +29,6 @@ ls|stop`` use it). Documented in docs/reference.md, "The warm process".
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -52,6 +51,7 @@ from ._common import (
     send,
     server_dir,
     setting,
+    write_json,
     write_record,
 )
 
@@ -349,8 +349,7 @@ def _after_run(target: Target) -> None:
             "target": target.describe(), "record": record_path(target), "dir": where,
             "idle": setting("IDLE", 900.0), "max": int(setting("MAX", 4))}
     spec_path = os.path.join(where, f"{key[:20]}.{os.getpid()}.spec")
-    with open(os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(spec, f)
+    write_json(spec_path, spec)
     log = open(os.path.join(logs, key[:20] + ".log"), "ab")
     with log:
         subprocess.Popen(

@@ -12,8 +12,8 @@ import stat
 import sys
 from typing import Any
 
-__all__ = ["Target", "explain", "key_of", "read_meta", "read_record", "receive", "record_path",
-           "send", "server_dir", "setting", "write_record"]
+__all__ = ["Target", "explain", "key_of", "read_meta", "read_record", "record_path",
+           "send", "server_dir", "setting", "write_json", "write_record"]
 
 # KILN_SERVER* variables steer the client only; every other variable is part of the key
 _OWN_PREFIX = "KILN_SERVER"
@@ -131,14 +131,21 @@ def read_record(target: Target) -> list[str] | None:
     return modules
 
 
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` atomically (a reader sees the old file or the new one,
+    never half of it), readable by this user only: records, descriptions, specs."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+              encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
 def write_record(target: Target, modules: list[str]) -> None:
-    """Write the record atomically (a reader sees the old or the new one, never half)."""
+    """Write the record of ``target``'s imports (:func:`write_json`)."""
     path = record_path(target)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"target": target.describe(), "modules": modules}, f)
-    os.replace(tmp, path)
+    write_json(path, {"target": target.describe(), "modules": modules})
 
 
 def interpreter_flags() -> list[str]:
@@ -232,7 +239,3 @@ class Reader:
         if not isinstance(message, dict):
             raise ValueError("not a message")
         return message
-
-
-def receive(conn: socket.socket) -> dict[str, Any] | None:
-    return Reader(conn).next()

@@ -13,7 +13,7 @@ import socket
 import sys
 from typing import Any
 
-from kiln_server._common import send
+from kiln_server._common import send, write_json
 
 __all__ = ["run_child"]
 
@@ -125,9 +125,6 @@ def _update_record(request: dict[str, Any], preloaded: set[str]) -> None:
         if not new:
             return
         data["modules"] = old + new
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_json(path, data)
     except Exception:  # noqa: BLE001 - a record is a hint
         pass

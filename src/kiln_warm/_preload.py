@@ -101,14 +101,11 @@ def preload(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
 
 def _restart(spec: dict[str, Any], unsafe: dict[str, str], saved: tuple[int, int]) -> None:
     """Remember ``unsafe`` for the key and start the server again (execv: a fresh process)."""
-    path = _sidecar(spec)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(unsafe, f)
-    os.replace(tmp, path)
+    from kiln_server._common import write_json
+
+    write_json(_sidecar(spec), unsafe)
     spec_path = os.path.join(spec["dir"], f"{spec['key'][:20]}.{os.getpid()}.spec")
-    with open(os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(spec, f)
+    write_json(spec_path, spec)
     os.dup2(saved[0], 1)
     os.dup2(saved[1], 2)
     if len(unsafe) > 20:  # a loop of surprises: give up serving this key

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from kiln_server._common import Reader, files_of, send
+from kiln_server._common import Reader, files_of, send, write_json
 
 __all__ = ["main"]
 
@@ -126,10 +126,7 @@ class Server:
         self._write_meta()
 
     def _write_meta(self) -> None:
-        tmp = f"{self.files['meta']}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.meta, f)
-        os.replace(tmp, self.files["meta"])
+        write_json(self.files["meta"], self.meta)
 
     def _remove(self) -> None:
         for name in ("sock", "meta"):
