@@ -6,7 +6,7 @@ Run from the repository root (needs optax, whose wheel ships its tests; ``pip in
 optax``):
 
     python benchmarks/pytest_plugin.py [--reps 5] [--tests FILE ...] [--modes MODE ...]
-                                       [--json PATH]
+                                       [--split] [--json PATH]
 
 The suite: test modules shipped inside the installed optax package (default: a selection from
 ``optax/_src``; ``--tests`` picks others), run by pytest from a temporary directory with
@@ -39,6 +39,11 @@ The suite: test modules shipped inside the installed optax package (default: a s
 
 ``--modes`` runs a subset (``plain`` always; a run 2 brings its run 1).
 
+``--split`` runs every mode but the server's under ``_pytest_split.py`` (a pytest plugin: the
+seconds before the tests, JAX's trace and lowering seconds by its monitoring events, eager and
+jit apart, and kiln's own seconds from ``kiln.stats()``) and prints where each mode's seconds go,
+with its trace + lowering against plain pytest's (issue 45's target: <= 10% in run 2).
+
 Each repetition starts from empty caches; the modes of a repetition run in the order above
 (run 2 needs run 1), so drift hits repetitions, not modes. Each figure is the median over the
 repetitions; the pass / fail counts of every run must be equal (printed).
@@ -52,11 +57,14 @@ import re
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import _harness as bench
 from real_programs import server_log, server_of, stop_servers, wait_for_server
+
+HERE = Path(__file__).resolve().parent
 
 DEFAULT_TESTS = ("transform_test.py", "combine_test.py", "update_test.py", "utils_test.py")
 MODES = ("plain", "jax cache run 1", "jax cache run 2", "kiln run 1", "kiln run 2",
@@ -66,12 +74,20 @@ SERVER_TARGET = "-m pytest"
 
 
 def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
-              swap: bool = False, server: bool = False) -> dict[str, Any]:
+              swap: bool = False, server: bool = False,
+              split: Path | None = None) -> dict[str, Any]:
     cmd = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *files]
+    if split is not None:  # where the seconds go (_pytest_split.py), at three points
+        cmd[2:2] = ["-p", "_pytest_split"]
+        env = {**env, "BENCH_SPLIT": str(split),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE),
+                                                           env.get("PYTHONPATH")]))}
     if server:  # kiln run does the plugin's set-up itself (the route; the swap: --jit)
         cmd = ["-m", "kiln", "run", "--server", "--jit", *cmd]
     elif kiln or swap:  # the swap is --kiln's default since issue 43: said either way
         cmd += ["--kiln", "--kiln-jit" if swap else "--kiln-no-jit"]
+    if split is not None:
+        env["BENCH_T0"] = repr(time.time())
     proc = bench.fresh(cmd, env=env, cwd=cwd, timeout=3600, check=False)
     tail = proc.stdout.strip().splitlines()[-3:]
     found = re.findall(r"(\d+) (passed|failed|skipped|error)", "\n".join(tail))
@@ -84,7 +100,29 @@ def run_suite(files: list[str], env: dict[str, str], cwd: Path, kiln: bool,
     if proc.returncode not in (0, 1) or not counts:
         raise SystemExit(f"error: {shlex.join([sys.executable, *cmd])} exited "
                          f"{proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {"wall_s": proc.wall_s, "counts": counts, "kiln_summary": summary}
+    out = {"wall_s": proc.wall_s, "counts": counts, "kiln_summary": summary}
+    if split is not None:
+        out["split"] = json.loads(split.read_text())
+    return out
+
+
+def split_row(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """Where a mode's seconds went, medians over its repetitions: before the tests (Python,
+    pytest, its plugins and the imports of collection), JAX's trace + lowering and kiln's own
+    seconds (each over the whole run), and the rest (the tests' own work, XLA, exit)."""
+    rows = []
+    for s in samples:
+        marks = s["split"]
+        last = marks["finished"]
+        jax = {k: last["jax"].get(k, {}).get("trace_s", 0.0) + last["jax"].get(k, {}).get(
+            "lower_s", 0.0) for k in ("eager", "jit")}
+        kiln = sum(last["kiln"].values())
+        rows.append({"wall": s["wall_s"], "before_tests": marks["collected"]["t"],
+                     "jax_eager": jax["eager"], "jax_jit": jax["jit"],
+                     "jax": jax["eager"] + jax["jit"], "kiln": kiln,
+                     "lowerings": sum(last["jax"].get(k, {}).get("lowerings", 0)
+                                      for k in ("eager", "jit"))})
+    return {k: bench.median(r[k] for r in rows) for k in rows[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-wait", type=float, default=60.0,
                         help="kiln-server: seconds to wait for the server after run 1 "
                         "(default: %(default)s)")
+    parser.add_argument("--split", action="store_true",
+                        help="run each non-server mode under _pytest_split.py and print where "
+                        "its seconds go (before the tests, JAX's trace + lowering, kiln)")
     args = bench.begin(parser, argv, dists=("jax", "jaxlib", "optax", "jax-kiln", "pytest"))
     wanted = set(args.modes) | {"plain"}
     wanted |= {m.replace("run 2", "run 1") for m in wanted}
@@ -156,16 +197,17 @@ def main(argv: list[str] | None = None) -> int:
             tmpdir.mkdir(exist_ok=True)
             if mode.startswith("kiln-server"):
                 return server_run(mode, rep, tmpdir)
+            split = (tmpdir / f"split-{mode.replace(' ', '-')}.json") if args.split else None
             if mode == "plain":
-                return run_suite(files, env(), tmpdir, kiln=False)
+                return run_suite(files, env(), tmpdir, kiln=False, split=split)
             if mode.startswith("jax cache"):
                 return run_suite(files, env(**bench.jax_cache(tmpdir / "jax-cache")), tmpdir,
-                                 kiln=False)
+                                 kiln=False, split=split)
             if mode.startswith("kiln-jit"):
                 return run_suite(files, env(KILN_CACHE_DIR=str(tmpdir / "kiln-jit-store")),
-                                 tmpdir, kiln=True, swap=True)
+                                 tmpdir, kiln=True, swap=True, split=split)
             return run_suite(files, env(KILN_CACHE_DIR=str(tmpdir / "kiln-store")), tmpdir,
-                             kiln=True)
+                             kiln=True, split=split)
 
         try:
             samples = bench.interleave(modes, args.reps, run, rotate=False,
@@ -205,6 +247,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kiln-jit run 2: JAX's own lowering (eager operations, JAX's jits) median "
                   f"{low:.2f} s; run 2 less it / plain: "
                   f"{(med['kiln-jit run 2'] - low) / med['plain']:.3f}x")
+    splits = {m: split_row(samples[m]) for m in modes if all("split" in s for s in samples[m])}
+    if splits:
+        base = splits["plain"]["jax"] if "plain" in splits else None
+        print()
+        print("where the seconds go (medians; JAX's trace + lowering by its monitoring events; "
+              "kiln's own by kiln.stats()):")
+        print(bench.table(
+            ["mode", "wall s", "before the tests s", "JAX trace+lower s (eager / jit)",
+             "lowerings", "/ plain's trace+lower", "kiln s", "rest s"],
+            [[m, f"{r['wall']:.2f}", f"{r['before_tests']:.2f}",
+              f"{r['jax']:.2f} ({r['jax_eager']:.2f} / {r['jax_jit']:.2f})",
+              f"{r['lowerings']:.0f}", f"{r['jax'] / base:.1%}" if base else "-",
+              f"{r['kiln']:.2f}",
+              f"{r['wall'] - r['before_tests'] - r['jax'] - r['kiln']:.2f}"]
+             for m, r in splits.items()]))
     unserved: list[int] = []
     if "kiln-server run 2" in med:
         unserved = [i + 1 for i, s in enumerate(samples["kiln-server run 2"]) if not s["served"]]
@@ -226,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = {json.dumps(s["counts"], sort_keys=True) for m in modes for s in samples[m]}
     print(f"pass/fail counts identical in every run: {len(counts) == 1} ({'; '.join(counts)})")
     bench.save(args, {"tests": args.tests, "modes": modes, "samples": samples,
-                      "median_wall_s": med, "server_unserved_repetitions": unserved})
+                      "median_wall_s": med, "server_unserved_repetitions": unserved,
+                      "split": splits})
     return 1 if unserved else 0
 
 if __name__ == "__main__":
