@@ -43,7 +43,8 @@ PROGRAM = textwrap.dedent("""
         import kiln
         s = kiln.stats()
         stats = {{k: getattr(s, k) for k in ("eager_hits", "eager_misses", "eager_writes",
-                                             "eager_left", "jax_lowerings")}}
+                                             "eager_left", "jax_lowerings", "eager_seconds",
+                                             "load_seconds")}}
     except ImportError:
         stats = {{}}
     print("RESULT " + json.dumps({{"values": values, "devices": devices, "stats": stats}}))
@@ -86,6 +87,8 @@ def test_eager_work_loads_warm_with_no_trace_or_lowering(tmp_path: Path) -> None
     assert warm["stats"]["eager_hits"] == written
     assert warm["stats"]["eager_misses"] == 0
     assert warm["stats"]["jax_lowerings"] == 0
+    # kiln's own seconds on them are counted (keying, reading, loading), apart from kiln.jit's
+    assert warm["stats"]["eager_seconds"] > 0 and warm["stats"]["load_seconds"] == 0
 
 
 def test_eager_is_off_without_the_swap_and_with_kiln_eager_0(tmp_path: Path) -> None:

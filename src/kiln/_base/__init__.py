@@ -2,7 +2,8 @@
 
 ``_errors`` (kiln's exceptions and warnings), ``_config`` (settings from ``KILN_*``, files and
 :func:`kiln.configure`), ``_stats`` (the counters :func:`kiln.stats` reads), ``_entry`` (the
-format of one entry: its bytes, its header, what a key looks like), ``_gc``, ``_version``, and
+format of one entry: its bytes, its header, what a key looks like), ``_gc``, ``_threads`` (a
+thread's own setting for a block), ``_version``, and
 ``_jax_compat``: the only module of kiln that reaches into ``jax._src``.
 """
 
@@ -35,10 +36,12 @@ from ._errors import VerifyError as VerifyError
 from ._stats import Stats as Stats
 from ._stats import reset_stats as reset_stats
 from ._stats import stats as stats
+from ._threads import set_in_thread as set_in_thread
 from ._version import __version__ as __version__
 
 __all__ = ["BundleError", "Config", "config_context", "ConfigError", "configure", "decode",
            "digest", "encode", "Entry", "EntryError", "FORMAT_VERSION", "get_config", "is_key",
            "KEY_LENGTH", "KilnError", "KilnWarning", "MAGIC", "peek_header", "read_header",
-           "recorded_parts", "reset_stats", "short_key", "StaticArgumentError", "Stats", "stats",
-           "StoreError", "StoreWarning", "UnverifiableEntry", "VerifyError", "__version__"]
+           "recorded_parts", "reset_stats", "set_in_thread", "short_key", "StaticArgumentError",
+           "Stats", "stats", "StoreError", "StoreWarning", "UnverifiableEntry", "VerifyError",
+           "__version__"]

@@ -172,19 +172,19 @@ def _parse_bool(name: str, raw: str) -> bool:
 
 
 def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
+    where = f"KILN_{name.upper()}" if from_env else name  # (how a message names the setting)
     if name == "cache_dir":
         if value in (None, ""):
             return _default_cache_dir()  # KILN_CACHE_DIR="" means the default, not "."
         try:
             return Path(value).expanduser()
         except RuntimeError as e:  # "~nosuchuser/x": pathlib cannot find that home directory
-            where = "KILN_CACHE_DIR" if from_env else "cache_dir"
             raise ConfigError(
                 f"{where}={str(value)!r}: {e}; give an absolute path or one under your own "
                 "home directory (~/...)"
             ) from None
     if name in ("max_size", "pickle_max_size"):
-        return parse_size(value, name=f"KILN_{name.upper()}" if from_env else name)
+        return parse_size(value, name=where)
     if name in ("explain", "verify", "strict", "tier_up", "jax_cache", "replace_jit",
                 "eager"):
         return _parse_bool(name, value) if from_env else bool(value)
@@ -197,7 +197,6 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             return None
         text = str(value)
         if "://" in text and not _SCHEME_RE.match(text):
-            where = "KILN_STORE" if from_env else "store"
             raise ConfigError(
                 f"{where}={text!r} is not a store URL; use 'local', 'memory', 'null', a "
                 "directory path, or a URL such as redis://host:6379/0 or s3://bucket/prefix"
@@ -205,10 +204,8 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
         scheme = text.partition("://")[0].lower() if "://" in text else ""
         problem = _url_problem(scheme, text)
         if problem is not None:
-            where = "KILN_STORE" if from_env else "store"
             raise ConfigError(f"{where}={_redacted(text)!r}: {problem}")
         if scheme and not _known_scheme(scheme):
-            where = "KILN_STORE" if from_env else "store"
             raise ConfigError(
                 f"{where}={text!r}: unknown store scheme {scheme!r}; use 'local', 'memory', "
                 "'null', a directory path or file:// URL, redis://host:port/db, or a URL fsspec "
@@ -218,11 +215,9 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
     if name == "remote_mode":
         text = str(value).strip().lower()
         if text not in _REMOTE_MODES:
-            where = "KILN_REMOTE_MODE" if from_env else "remote_mode"
             raise ConfigError(f"{where} must be one of {', '.join(_REMOTE_MODES)}, got {value!r}")
         return text
     if name in ("remote_timeout", "lease_seconds", "lease_wait"):
-        where = f"KILN_{name.upper()}" if from_env else name
         try:
             seconds = float(value)
         except (TypeError, ValueError):
@@ -231,12 +226,7 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             raise ConfigError(f"{where} must be a number of seconds above 0 and at most "
                               f"{_MAX_SECONDS:g} (a year), got {value!r}")
         return seconds
-    if name == "jit_exclude":
-        if value in (None, ""):
-            return ()
-        items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(str(k).strip() for k in items if str(k).strip())
-    if name == "signing_keys_old":
+    if name in ("jit_exclude", "signing_keys_old"):
         if value in (None, ""):
             return ()
         items = value.split(",") if isinstance(value, str) else list(value)

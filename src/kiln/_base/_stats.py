@@ -27,7 +27,8 @@ class Stats:
         compiles: XLA compiles kiln ran.
         compile_seconds: seconds spent tracing + lowering + compiling on misses.
         saved_seconds: compile seconds recorded in the entries that were loaded instead.
-        load_seconds: seconds spent loading (deserializing) entries.
+        load_seconds: seconds spent loading (deserializing) entries (kiln.jit's; the eager
+            work's count in ``eager_seconds``).
         read_seconds: seconds spent reading kiln's entries from the store (before they are
             checked and loaded; misses included).
         fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
@@ -71,6 +72,9 @@ class Stats:
             ``kiln._travel._eager``): first calls of a signature answered from the store (no
             trace, no lowering, no compile), not found there (JAX compiled them), and entries
             written for them.
+        eager_seconds: seconds kiln spent on those first calls before JAX or the stored
+            executable ran them: keying, reading and loading (JAX's own compile of a miss
+            does not count).
         eager_left: eager calls left to JAX's own path (not plain data, a monkeypatched JAX, ...;
             ``KILN_EXPLAIN=1`` says why, once per function and reason).
         reasons: count of miss reasons by kind.
@@ -107,6 +111,7 @@ class Stats:
     eager_hits: int = 0
     eager_misses: int = 0
     eager_writes: int = 0
+    eager_seconds: float = 0.0
     eager_left: int = 0
     reasons: Counter[str] = dataclasses.field(default_factory=Counter)
 

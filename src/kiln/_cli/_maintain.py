@@ -55,7 +55,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         verdicts.append(verdict)
     report = _Verified(store.url, verdicts, deleting=args.delete_bad)
     show(report, as_json=args.json)
-    return 1 if report.bad or report.unverified else 0
+    return 1 if report.count("bad") or report.count("unverified") else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,21 +66,9 @@ class _Verified:
     verdicts: list[inventory.Verdict]
     deleting: bool
 
-    @property
-    def bad(self) -> int:
-        return sum(v.bad for v in self.verdicts)
-
-    @property
-    def unverified(self) -> int:
-        return sum(v.unverified for v in self.verdicts)
-
-    @property
-    def ok(self) -> int:
-        return sum(v.ok for v in self.verdicts)
-
-    @property
-    def deleted(self) -> int:
-        return sum(v.deleted for v in self.verdicts)
+    def count(self, what: str) -> int:
+        """How many verdicts are ``what`` (``ok``, ``bad``, ``unverified``, ``deleted``)."""
+        return sum(getattr(v, what) for v in self.verdicts)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -88,10 +76,7 @@ class _Verified:
             "entries": [{"key": v.key, "ok": v.ok, "function": v.function, "reason": v.reason,
                          "deleted": v.deleted, "unverified": v.unverified}
                         for v in self.verdicts],
-            "ok": self.ok,
-            "bad": self.bad,
-            "unverified": self.unverified,
-            "deleted": self.deleted,
+            **{what: self.count(what) for what in ("ok", "bad", "unverified", "deleted")},
         }
 
     def as_text(self) -> Iterator[str]:
@@ -103,11 +88,13 @@ class _Verified:
             else:
                 key = v.key if v.stray else short_key(v.key)
                 yield f"BAD {key} {v.reason}" + (" (deleted)" if v.deleted else "")
-        summary = f"{count_entries(len(self.verdicts))}: {self.ok} ok, {self.bad} bad"
-        if self.unverified:
-            summary += f", {self.unverified} signed and not verified (set KILN_SIGNING_KEY)"
+        summary = (f"{count_entries(len(self.verdicts))}: {self.count('ok')} ok, "
+                   f"{self.count('bad')} bad")
+        if self.count("unverified"):
+            summary += (f", {self.count('unverified')} signed and not verified "
+                        "(set KILN_SIGNING_KEY)")
         if self.deleting:
-            summary += f", {self.deleted} deleted"
+            summary += f", {self.count('deleted')} deleted"
         yield summary
 
 

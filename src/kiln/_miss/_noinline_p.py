@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from .._base import KilnError, _jax_compat, _stats
+from .._base import KilnError, _jax_compat, _stats, set_in_thread
 from .._keys import Unpersistable, fingerprint
 
 __all__ = ["noinline_p", "inlining", "inlined_size", "called_names", "separate_size",
@@ -195,16 +195,10 @@ def _lowering(ctx: Any, *args: Any, fn: _Sub) -> Any:
 _inlining = threading.local()
 
 
-@contextlib.contextmanager
-def inlining() -> Iterator[None]:
+def inlining() -> contextlib.AbstractContextManager[None]:
     """Lower ``kiln_noinline`` calls (of functions with ``tier_up=True``) inline, in this
     thread, for the duration of the block."""
-    before = getattr(_inlining, "on", False)
-    _inlining.on = True
-    try:
-        yield
-    finally:
-        _inlining.on = before
+    return set_in_thread(_inlining, "on", True, unset=False)
 
 
 def inlined_size(jaxpr: Any) -> int:

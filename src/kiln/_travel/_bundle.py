@@ -33,7 +33,6 @@ import only bundles you made or got from someone you trust, or set the same
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import hmac
@@ -42,7 +41,6 @@ import logging
 import os
 import stat
 import struct
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable
@@ -63,7 +61,7 @@ from .._base import (
     short_key,
 )
 from .._keys import environment_parts
-from ..stores import Store, open_store
+from ..stores import Store, open_store, write_atomic
 from ..stores import _inventory as inventory
 
 __all__ = [
@@ -211,15 +209,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EEXIST, "it exists and is not a regular file (a link, a device "
                           "or a folder); give the path of a new or regular file")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data, prefix=f".{path.name}.", entry=False)
 
 
 def write_bundle(

@@ -60,18 +60,16 @@ import numpy as np
 
 from .._base import (
     FORMAT_VERSION,
-    EntryError,
     StoreError,
     UnverifiableEntry,
     _jax_compat,
     _stats,
-    decode,
-    encode,
     get_config,
     short_key,
 )
 from .._keys import environment_parts, library_version, machine, make_key
-from ..stores import RemoteSkipped, Replaceable, open_store, store_fault
+from ..stores import open_store
+from ._entries import decode_kind, read_blob, write_entry
 
 __all__ = ["disable_eager", "enable_eager", "is_enabled"]
 
@@ -342,7 +340,15 @@ def _why_not(fun: Any, ji: Any) -> str | None:
 
 def _before(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The stored executable for this eager call, a token to record its compile, or None
-    (JAX's path)."""
+    (JAX's path); its seconds count in ``kiln.stats().eager_seconds``."""
+    start = time.perf_counter()
+    try:
+        return _lookup(fun, ji, args, kwargs)
+    finally:
+        _stats.bump(eager_seconds=time.perf_counter() - start)
+
+
+def _lookup(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
         reason = _why_not(fun, ji)
         if reason is not None:
@@ -374,20 +380,12 @@ def _before(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 
 def _load(key: str, name: str) -> Any:
     cfg = get_config()
-    start = time.perf_counter()
-    try:
-        store = open_store(cfg)
-        blob = store.get(key)
-    except (OSError, StoreError) as e:
-        store_fault(store, "read", e, strict=False)
-        return None
-    if blob is None or key in _unusable:
+    store = open_store(cfg)
+    blob = read_blob(store, key, strict=False, unusable=_unusable)
+    if blob is None:
         return None
     try:
-        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
-        if entry.header.get("kind") != _KIND:
-            raise EntryError(f"entry is of kind {entry.header.get('kind')!r}, not {_KIND!r}")
-        stored = _jax_compat.load_eager(entry.sections)
+        stored = _jax_compat.load_eager(decode_kind(blob, key, _KIND, cfg).sections)
     except Exception as e:  # noqa: BLE001 - never the user's error: JAX compiles it again
         if not isinstance(e, UnverifiableEntry):
             _unusable.add(key)
@@ -397,7 +395,7 @@ def _load(key: str, name: str) -> Any:
                        type(e).__name__, e)
         return None
     _remember(key, stored)
-    _stats.bump(eager_hits=1, load_seconds=time.perf_counter() - start)
+    _stats.bump(eager_hits=1)  # (its seconds count in eager_seconds: _before)
     return stored
 
 
@@ -429,17 +427,8 @@ def _record(token: Any, p: Any, compiled: Any) -> None:
         store = open_store(cfg)
     except (OSError, StoreError):
         return
-    replace = token.key in _unusable
-    write = store.replace if replace and isinstance(store, Replaceable) else store.put
-    try:
-        write(token.key, encode(header, sections, signing_key=cfg.signing_key))
-    except RemoteSkipped:
-        return
-    except (OSError, StoreError) as e:
-        store_fault(store, "write to", e, strict=False)
-        return
-    _unusable.discard(token.key)
-    _stats.bump(eager_writes=1)
+    if write_entry(store, token.key, header, sections, cfg, strict=False, unusable=_unusable):
+        _stats.bump(eager_writes=1)
 
 
 def enable_eager() -> bool:

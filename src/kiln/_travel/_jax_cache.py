@@ -55,22 +55,19 @@ from .._base import (
     UnverifiableEntry,
     _jax_compat,
     _stats,
-    decode,
-    encode,
     get_config,
+    set_in_thread,
     short_key,
 )
 from .._keys import machine, make_key
 from ..stores import (
     Held,
     Leasable,
-    RemoteSkipped,
-    Replaceable,
     await_or_lease,
     open_store,
     reporting,
-    store_fault,
 )
+from ._entries import decode_kind, read_blob, write_entry
 
 __all__ = ["ROOT", "SCHEME", "disable_jax_cache", "enable_by_default", "enable_jax_cache",
            "is_enabled", "kiln_compiling", "store_key"]
@@ -120,13 +117,8 @@ def kiln_compiling() -> Iterator[None]:
     """Around kiln's own XLA compiles: JAX's cache may still read through the route, but
     writes nothing (kiln stores the executable in its own entry), and does not serialize the
     executable for that write either (:func:`kiln._base._jax_compat.no_persistent_cache_writes`)."""
-    before = getattr(_local, "own", False)
-    _local.own = True
-    try:
-        with _jax_compat.no_persistent_cache_writes():
-            yield
-    finally:
-        _local.own = before
+    with set_in_thread(_local, "own", True, unset=False), _jax_compat.no_persistent_cache_writes():
+        yield
 
 
 class StorePath:
@@ -235,18 +227,11 @@ def _read(jax_key: str) -> bytes | None:
 
 def _read_value(store: Any, key: str, jax_key: str, cfg: Any) -> bytes | None:
     """The value JAX cached under ``key``, or None (absent, unreadable, unusable)."""
-    try:
-        blob = store.get(key)
-    except (OSError, StoreError) as e:
-        store_fault(store, "read", e, strict=cfg.strict)
-        return None
-    if blob is None or key in _unusable:
+    blob = read_blob(store, key, strict=cfg.strict, unusable=_unusable)
+    if blob is None:
         return None
     try:
-        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
-        if entry.header.get("kind") != _KIND:
-            raise EntryError(f"entry is of kind {entry.header.get('kind')!r}, not {_KIND!r}")
-        value = entry.sections["jax"]
+        value = decode_kind(blob, key, _KIND, cfg).sections["jax"]
     except (EntryError, KeyError) as e:
         if not isinstance(e, UnverifiableEntry):  # (a signed entry this process cannot check
             _unusable.add(key)                    # is left alone: never replaced)
@@ -321,19 +306,13 @@ def _write(jax_key: str, value: bytes) -> None:
         "machine": machine(),
         "created": time.time(),
     }
-    replace = key in _unusable  # (a remote store's put keeps what it holds)
-    write = store.replace if replace and isinstance(store, Replaceable) else store.put
     try:
-        write(key, encode(header, {"jax": value}, signing_key=cfg.signing_key))
-    except RemoteSkipped:
-        return  # (a remote-only store skipped since its fault, warned about then)
-    except (OSError, StoreError) as e:
-        store_fault(store, "write to", e, strict=cfg.strict)
-        return
+        written = write_entry(store, key, header, {"jax": value}, cfg, strict=cfg.strict,
+                              unusable=_unusable)
     finally:
         _release_held(key)
-    _unusable.discard(key)
-    _stats.bump(jax_cache_writes=1)
+    if written:
+        _stats.bump(jax_cache_writes=1)
 
 
 def _module_name(jax_key: str) -> str:

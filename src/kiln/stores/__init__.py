@@ -30,14 +30,16 @@ from ._lease import Flight as Flight
 from ._lease import Held as Held
 from ._lease import await_or_lease as await_or_lease
 from ._local import LocalStore as LocalStore
+from ._local_files import write_atomic as write_atomic
 from ._memory import MemoryStore as MemoryStore
 from ._memory import NullStore as NullStore
 
 # The public names (docs/how-it-works.md, docs/fleets.md). The face binds kiln's own names too,
 # for the layers above, which import them from here and never from a module of this folder:
 # single-flight (Flight, Held, await_or_lease), a failing store (reporting, store_fault,
-# user_stacklevel) and RemoteSkipped (a write the layered store skipped); they take _inventory
-# (sizes, strays, verify, prune, clear) as a module (tests/test_layers.py, FACE_MODULES).
+# user_stacklevel), RemoteSkipped (a write the layered store skipped) and write_atomic (a temp
+# file, then os.replace); they take _inventory (sizes, strays, verify, prune, clear) as a
+# module (tests/test_layers.py, FACE_MODULES).
 __all__ = ["Checkable", "Counting", "EntryStat", "LayeredStore", "Leasable", "Lease", "LocalStore",
            "Maintainable", "MemoryStore", "NullStore", "Peekable", "Prunable", "Replaceable",
            "Store", "open_store", "wait_for_uploads"]

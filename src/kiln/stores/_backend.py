@@ -1,16 +1,20 @@
 """What the backends share: the key check, an entry's header read from its first bytes, the
-least recently used entries to evict, and a store URL without its password."""
+least recently used entries to evict, a store URL without its password, and the live objects
+called at exit."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._base import EntryError, is_key, peek_header, read_header
 
-__all__ = ["HEADER_READ", "MIN_RATE", "check_key", "check_lease", "header_of", "redact_url",
-           "to_evict"]
+__all__ = ["HEADER_READ", "MIN_RATE", "called_at_exit", "check_key", "check_lease", "header_of",
+           "redact_url", "to_evict"]
 
 HEADER_READ = 1 << 16  # bytes read for a header before falling back to the whole blob
 MIN_RATE = 1 << 20  # bytes per second: a write slower than this (beyond its timeout) is hung
@@ -78,3 +82,17 @@ def redact_url(url: str) -> str:
     # by hand: urlunsplit drops the empty authority of unix:///path
     return (f"{parts.scheme}://{netloc}{parts.path}" + (f"?{kept}" if kept else "")
             + (f"#{parts.fragment}" if parts.fragment else ""))
+
+
+def called_at_exit(method: str) -> weakref.WeakSet[Any]:
+    """A set of live objects (held weakly) whose ``method()`` is called at exit, each best-effort
+    (an error is ignored). Registered now: a set made later has its calls run earlier."""
+    live: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def call_all() -> None:
+        for obj in list(live):
+            with contextlib.suppress(Exception):
+                getattr(obj, method)()
+
+    atexit.register(call_all)
+    return live

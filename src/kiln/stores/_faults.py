@@ -8,9 +8,9 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from .._base import StoreError, StoreWarning, _stats
+from .._base import StoreError, StoreWarning, _stats, set_in_thread
 from ._base import Store
 
 __all__ = ["reporting", "store_fault", "user_stacklevel"]
@@ -26,17 +26,11 @@ _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _reporter = threading.local()
 
 
-@contextlib.contextmanager
-def reporting(report: Callable[[str], None]) -> Iterator[None]:
+def reporting(report: Callable[[str], None]) -> contextlib.AbstractContextManager[None]:
     """Inside the block (this thread), store problems are handed to ``report`` instead of
     warned (code that runs inside JAX's cache, where a warning turned into an error by the
     user's filters would fail the call)."""
-    before = getattr(_reporter, "report", None)
-    _reporter.report = report
-    try:
-        yield
-    finally:
-        _reporter.report = before
+    return set_in_thread(_reporter, "report", report)
 
 
 def reporter() -> Callable[[str], None] | None:

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from .._base import StoreError, StoreWarning, _stats, short_key
 from . import _inventory
-from ._backend import MIN_RATE
+from ._backend import MIN_RATE, called_at_exit
 from ._base import Counting, EntryStat, Leasable, Lease, Replaceable, Store
 from ._faults import store_fault
 
@@ -358,14 +358,7 @@ class LayeredStore:
 #: The counters a layered store records in its stores (``kiln stats`` shows them).
 COUNTED = ("hits", "compiles", "remote_hits", "remote_misses", "remote_timeouts",
            "remote_errors", "lease_waits", "lease_takeovers")
-_layered: weakref.WeakSet[LayeredStore] = weakref.WeakSet()
-
-
-@atexit.register
-def _record_all_counts() -> None:
-    for store in list(_layered):
-        with contextlib.suppress(Exception):
-            store.record_counts()
+_layered: weakref.WeakSet[LayeredStore] = called_at_exit("record_counts")
 
 
 def wait_for_uploads(timeout: float = _EXIT_WAIT) -> int:

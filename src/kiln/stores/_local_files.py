@@ -175,18 +175,23 @@ def read_entry(path: Path, *, shared: bool) -> bytes | None:
         return f.read(st.st_size)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file beside ``path`` (``.<key prefix>.<host>.<pid>.<random>
-    .tmp``), then ``os.replace`` it there; the temp file is removed on failure."""
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.stem[:16]}.{HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent
-    )
+def write_atomic(path: Path, data: bytes, *, prefix: str | None = None,
+                 entry: bool = True) -> None:
+    """Write ``data`` to a temp file beside ``path`` (0600; ``<prefix><random>.tmp``, by default
+    ``.<key prefix>.<host>.<pid>.<random>.tmp``), then ``os.replace`` it there; the temp file is
+    removed on failure. ``entry``: ``path`` is a store's entry, so a directory where it goes
+    (not an entry) is removed first."""
+    if prefix is None:
+        prefix = f".{path.stem[:16]}.{HOST}.{os.getpid()}."
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         try:
             os.replace(tmp, path)
         except IsADirectoryError:  # a directory where the entry goes: not an entry
+            if not entry:
+                raise
             shutil.rmtree(path)
             os.replace(tmp, path)
     except BaseException:

@@ -9,7 +9,6 @@ crash before that is written again when the entry is next read, and by ``kiln pr
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import sqlite3
@@ -20,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._base import is_key
-from ._backend import to_evict
+from ._backend import called_at_exit, to_evict
 from ._local_files import Folders, entry_path, on_disk
 
 __all__ = ["Index"]
@@ -260,11 +259,4 @@ class Index:
         return evicted
 
 
-_open_indexes: weakref.WeakSet[Index] = weakref.WeakSet()
-
-
-@atexit.register
-def _record_all_touched() -> None:
-    for index in list(_open_indexes):
-        with contextlib.suppress(Exception):
-            index.flush()
+_open_indexes: weakref.WeakSet[Index] = called_at_exit("flush")
