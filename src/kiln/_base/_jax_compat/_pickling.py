@@ -75,6 +75,12 @@ def _named_global(obj: Any) -> tuple[str, str] | None:
     return (module, qualname) if target is obj else None
 
 
+# builtin values, most of what an executable's metadata holds: none is referenced by id (each
+# check of persistent_id below gives None for them, unless one is the callback list itself)
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), tuple, list, dict,
+                    frozenset})
+
+
 class _Pickler(pickle.Pickler):
     """Pickles an UnloadedMeshExecutable with the XLA executable, devices and client as ids."""
 
@@ -82,10 +88,14 @@ class _Pickler(pickle.Pickler):
                  devices: tuple[int, ...] | None = None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._callbacks = callbacks
+        self._callback_ids = frozenset(id(cb) for cb in callbacks)
         self._devices = devices
         self.executable: bytes | None = None
 
     def persistent_id(self, obj: Any) -> Any:
+        if (type(obj) in _PLAIN and obj is not self._callbacks
+                and id(obj) not in self._callback_ids):
+            return None  # (pickle asks for every object: ~230 per eager program)
         if isinstance(obj, _xc.LoadedExecutable):
             self.executable = obj.client.serialize_executable(obj)
             # the program's global device assignment (UnloadedMeshExecutable.device_list), as
