@@ -247,6 +247,49 @@ def test_new_shape_dtype_weak_type_and_structure_recompile():
     assert len(traces) == 9
 
 
+def test_a_module_compiled_before_is_not_compiled_again_for_another_signature(kiln_store,
+                                                                              monkeypatch):
+    """Weak and strong float32 lower to the same module: XLA compiles it once (JAX's cache would
+    give the first executable back too), each signature keeps its own output weak type (as
+    jax.jit gives it: promotion with bfloat16 differs), and both are stored and load. A module
+    that differs is compiled."""
+    from kiln._base._jax_compat import _executables
+
+    xla = []
+    original = _executables._ORIGINAL_BACKEND_COMPILE
+
+    def counted(*args, **kwargs):
+        xla.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_executables, "_ORIGINAL_BACKEND_COMPILE", counted)
+
+    def body(s):
+        return s * 2.0
+
+    f, traces = make_counted(body)
+    one = jnp.bfloat16(1)
+    want = [jax.jit(body)(3.0), jax.jit(body)(np.float32(3.0))]
+    xla.clear()  # (the hook counts every compile: jax.jit's above too)
+    got = [f(3.0), f(np.float32(3.0))]
+    assert (len(traces), kiln.stats().compiles, len(xla)) == (2, 2, 1)
+    for g, w in zip(got, want, strict=True):
+        assert (float(g), g.dtype, g.weak_type, (g + one).dtype) == \
+            (float(w), w.dtype, w.weak_type, (w + one).dtype)
+    assert [g.weak_type for g in got] == [True, False]
+    assert len(_entry_files(kiln_store)) == 2
+    f.clear_cache()  # from the store: each entry with its own signature's avals
+    xla.clear()  # (the eager additions above compiled too)
+    again = [f(3.0), f(np.float32(3.0))]
+    assert (kiln.stats().hits, len(xla)) == (2, 0)
+    assert [(a.weak_type, (a + one).dtype) for a in again] == \
+        [(w.weak_type, (w + one).dtype) for w in want]
+    x = jnp.ones(3)
+    xla.clear()
+    f(x)  # another module: compiled
+    assert len(xla) == 1
+
+
 def test_precompile_with_shape_dtype_struct():
     f, traces = make_counted(lambda x, n: x * n, static_argnames="n")
     f.precompile(jax.ShapeDtypeStruct((3,), jnp.float32), n=2)

@@ -53,7 +53,8 @@ class EntryWriter:
         t0 = time.perf_counter()
         try:
             with self.compiling(), kiln_compiling():
-                compiled = _jax_compat.compile_to_store(lowered)
+                compiled = _jax_compat.compile_to_store(
+                    lowered, lambda: self.program.lowered_facts[0])
         finally:
             facts.join()
         compile_s = time.perf_counter() - t0

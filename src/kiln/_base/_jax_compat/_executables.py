@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import jax
 
 from ._errors import Unserializable
 from ._pickling import _Pickler, _Unpickler
-from ._private import _jax_config, _stages
+from ._private import _compiler, _jax_config, _stages
 from ._values import pickle_callbacks, pickle_tree, unpickle_callbacks, unpickle_tree
 
 logger = logging.getLogger("kiln")
@@ -266,7 +267,53 @@ def watch_cache_hits() -> None:
                 _watching = True
 
 
-def compile_to_store(lowered: Any) -> Any:
+# XLA executables kiln compiled in this process, by (module name, compile options, devices,
+# client), each with its lowered module's digest: another lowering of the very same module (a
+# signature that differs only where the module does not, weak types: evosax's ``ask`` called
+# again with its state made strong) gets the executable XLA already made, as JAX's persistent
+# cache would give it, and one kiln can serialize (a reloaded one it cannot). A few are kept:
+# each holds its executable alive (XLA's executables take no weak reference).
+_same_module: OrderedDict[tuple[Any, ...], list[tuple[str, Any]]] = OrderedDict()
+_SAME_MODULE_KEPT = 16
+_same_lock = threading.Lock()
+_compiling = threading.local()
+_ORIGINAL_BACKEND_COMPILE = _compiler.backend_compile_and_load
+
+
+def _backend_compile_and_load(backend: Any, module: Any, executable_devices: Any, options: Any,
+                              host_callbacks: Sequence[Any]) -> Any:
+    """JAX's ``compiler.backend_compile_and_load``; inside :func:`compile_to_store` given the
+    module's digest, an executable of the same module, options and devices made earlier in
+    this process is given back instead of compiling it again (none with host callbacks: those
+    are bound to one trace's Python objects)."""
+    digest_of = getattr(_compiling, "digest_of", None)
+    if digest_of is None or host_callbacks:
+        return _ORIGINAL_BACKEND_COMPILE(backend, module, executable_devices, options,
+                                         host_callbacks)
+    key = (str(module.operation.attributes["sym_name"]), options.SerializeAsString(),
+           tuple(d.id for d in executable_devices), id(backend))
+    with _same_lock:
+        earlier = list(_same_module.get(key, ()))
+    if earlier:  # (the digest only where there is something to compare it with)
+        digest = digest_of()
+        for seen, executable in earlier:
+            if seen == digest:
+                return executable
+    executable = _ORIGINAL_BACKEND_COMPILE(backend, module, executable_devices, options,
+                                           host_callbacks)
+    digest = digest_of()  # (most often made already, on the header's thread, during compile)
+    with _same_lock:
+        _same_module.setdefault(key, []).append((digest, executable))
+        _same_module.move_to_end(key)
+        while sum(len(v) for v in _same_module.values()) > _SAME_MODULE_KEPT:
+            oldest = next(iter(_same_module))
+            _same_module[oldest].pop(0)
+            if not _same_module[oldest]:
+                del _same_module[oldest]
+    return executable
+
+
+def compile_to_store(lowered: Any, digest_of: Callable[[], str] | None = None) -> Any:
     """``lowered.compile()``, never an executable JAX's persistent cache deserialized.
 
     kiln serializes what it compiles into its entry; XLA serializes a reloaded executable
@@ -275,9 +322,17 @@ def compile_to_store(lowered: Any) -> Any:
     compiled again with a compiler option at its default value
     (``xla_embed_ir_in_executable=False``): the same executable under another JAX cache key,
     so XLA compiles it.
+
+    ``digest_of``: gives the sha256 of the lowered module's text (:func:`lowered_facts`). With
+    it, a module this process compiled before (same text, compile options and devices, no host
+    callbacks) is not compiled again: XLA's executable is shared, wrapped by JAX for this
+    lowering (its avals, weak types and output tree).
     """
     watch_cache_hits()
+    if _compiler.backend_compile_and_load is not _backend_compile_and_load:
+        _compiler.backend_compile_and_load = _backend_compile_and_load
     _watch.on, _watch.hit = True, False
+    _compiling.digest_of = digest_of
     try:
         compiled = lowered.compile()
         if not _watch.hit:
@@ -289,4 +344,5 @@ def compile_to_store(lowered: Any) -> Any:
         return compiled
     finally:
         _watch.on = False
+        _compiling.digest_of = None
 
