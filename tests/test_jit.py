@@ -263,6 +263,7 @@ def test_a_module_compiled_before_is_not_compiled_again_for_another_signature(ki
         return original(*args, **kwargs)
 
     monkeypatch.setattr(_executables, "_ORIGINAL_BACKEND_COMPILE", counted)
+    monkeypatch.setattr(_executables, "_same_module", type(_executables._same_module)())
 
     def body(s):
         return s * 2.0
