@@ -277,7 +277,10 @@ _same_module: OrderedDict[tuple[Any, ...], list[tuple[str, Any]]] = OrderedDict(
 _SAME_MODULE_KEPT = 16
 _same_lock = threading.Lock()
 _compiling = threading.local()
+# JAX's function as it was when kiln first compiled (a patch someone put there before is kept
+# under kiln's; one put there after replaces kiln's, which is then never put back)
 _ORIGINAL_BACKEND_COMPILE = _compiler.backend_compile_and_load
+_reuse_installed = [False]
 
 
 def _backend_compile_and_load(backend: Any, module: Any, executable_devices: Any, options: Any,
@@ -329,8 +332,13 @@ def compile_to_store(lowered: Any, digest_of: Callable[[], str] | None = None) -
     lowering (its avals, weak types and output tree).
     """
     watch_cache_hits()
-    if _compiler.backend_compile_and_load is not _backend_compile_and_load:
-        _compiler.backend_compile_and_load = _backend_compile_and_load
+    if not _reuse_installed[0]:
+        global _ORIGINAL_BACKEND_COMPILE
+        with _same_lock:
+            if not _reuse_installed[0]:
+                _ORIGINAL_BACKEND_COMPILE = _compiler.backend_compile_and_load
+                _compiler.backend_compile_and_load = _backend_compile_and_load
+                _reuse_installed[0] = True
     _watch.on, _watch.hit = True, False
     _compiling.digest_of = digest_of
     try:
