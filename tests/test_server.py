@@ -48,11 +48,13 @@ PROG = textwrap.dedent('''
 
 
     if __name__ == "__main__":
-        if os.environ.get("PROG_WHO"):  # (whether a server's fork runs it: its parent says)
+        try:  # (whether a server's fork runs it: its parent says; a full disk: not said)
             with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
                 served = b"kiln_warm" in f.read()
             with open(os.environ["PROG_WHO"], "a") as f:
                 f.write("served\\n" if served else "plain\\n")
+        except (KeyError, OSError):
+            pass
         case = sys.argv[1]
         if case == "argv":
             print(sys.argv, __name__, os.path.basename(__file__),
