@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
@@ -271,8 +272,10 @@ def watch_cache_hits() -> None:
 # client), each with its lowered module's digest: another lowering of the very same module (a
 # signature that differs only where the module does not, weak types: evosax's ``ask`` called
 # again with its state made strong) gets the executable XLA already made, as JAX's persistent
-# cache would give it, and one kiln can serialize (a reloaded one it cannot). A few are kept:
-# each holds its executable alive (XLA's executables take no weak reference).
+# cache would give it, and one kiln can serialize (a reloaded one it cannot). Each is held by a
+# weak reference to JAX's ``MeshExecutable`` around it (XLA's executables take none): kiln keeps
+# no executable alive that the program let go (``clear_cache``; JAX's api_test
+# ``test_jit_cache_clear`` counts the client's live executables).
 _same_module: OrderedDict[tuple[Any, ...], list[tuple[str, Any]]] = OrderedDict()
 _SAME_MODULE_KEPT = 16
 _same_lock = threading.Lock()
@@ -287,8 +290,8 @@ def _backend_compile_and_load(backend: Any, module: Any, executable_devices: Any
                               host_callbacks: Sequence[Any]) -> Any:
     """JAX's ``compiler.backend_compile_and_load``; inside :func:`compile_to_store` given the
     module's digest, an executable of the same module, options and devices made earlier in
-    this process is given back instead of compiling it again (none with host callbacks: those
-    are bound to one trace's Python objects)."""
+    this process and still alive is given back instead of compiling it again (none with host
+    callbacks: those are bound to one trace's Python objects)."""
     digest_of = getattr(_compiling, "digest_of", None)
     if digest_of is None or host_callbacks:
         return _ORIGINAL_BACKEND_COMPILE(backend, module, executable_devices, options,
@@ -296,24 +299,38 @@ def _backend_compile_and_load(backend: Any, module: Any, executable_devices: Any
     key = (str(module.operation.attributes["sym_name"]), options.SerializeAsString(),
            tuple(d.id for d in executable_devices), id(backend))
     with _same_lock:
-        earlier = list(_same_module.get(key, ()))
+        earlier = [(d, ref()) for d, ref in _same_module.get(key, ())]
+    earlier = [(d, mesh) for d, mesh in earlier if mesh is not None]
     if earlier:  # (the digest only where there is something to compare it with)
         digest = digest_of()
-        for seen, executable in earlier:
+        for seen, mesh in earlier:
             if seen == digest:
-                return executable
+                return mesh.xla_executable
     executable = _ORIGINAL_BACKEND_COMPILE(backend, module, executable_devices, options,
                                            host_callbacks)
+    # (kept once JAX has wrapped it: compile_to_store)
+    _compiling.made = (key, digest_of, executable)
+    return executable
+
+
+def _keep(compiled: Any) -> None:
+    """Keep the executable this thread's compile made (if any) for another lowering of its
+    module, by a weak reference to ``compiled``'s ``MeshExecutable``."""
+    made, _compiling.made = getattr(_compiling, "made", None), None
+    mesh = getattr(compiled, "_executable", None)
+    if made is None or getattr(mesh, "xla_executable", None) is not made[2]:
+        return
+    key, digest_of, _ = made
     digest = digest_of()  # (most often made already, on the header's thread, during compile)
     with _same_lock:
-        _same_module.setdefault(key, []).append((digest, executable))
+        kept = [(d, r) for d, r in _same_module.get(key, ()) if r() is not None]
+        _same_module[key] = [*kept, (digest, weakref.ref(mesh))]
         _same_module.move_to_end(key)
         while sum(len(v) for v in _same_module.values()) > _SAME_MODULE_KEPT:
             oldest = next(iter(_same_module))
             _same_module[oldest].pop(0)
             if not _same_module[oldest]:
                 del _same_module[oldest]
-    return executable
 
 
 def compile_to_store(lowered: Any, digest_of: Callable[[], str] | None = None) -> Any:
@@ -340,10 +357,12 @@ def compile_to_store(lowered: Any, digest_of: Callable[[], str] | None = None) -
                 _compiler.backend_compile_and_load = _backend_compile_and_load
                 _reuse_installed[0] = True
     _watch.on, _watch.hit = True, False
-    _compiling.digest_of = digest_of
+    _compiling.digest_of, _compiling.made = digest_of, None
     try:
         compiled = lowered.compile()
         if not _watch.hit:
+            if digest_of is not None:
+                _keep(compiled)
             return compiled
         _watch.hit = False
         compiled = lowered.compile(compiler_options={"xla_embed_ir_in_executable": False})
@@ -352,5 +371,5 @@ def compile_to_store(lowered: Any, digest_of: Callable[[], str] | None = None) -
         return compiled
     finally:
         _watch.on = False
-        _compiling.digest_of = None
+        _compiling.digest_of, _compiling.made = None, None
 
