@@ -23,7 +23,10 @@ loop of calls), static arguments (a plain class with ``__hash__`` / ``__eq__``, 
 optax update (with and without donation), an equinox MLP (``filter_jit``), a flax.linen
 ``apply``, pytree arguments (``flax.struct``, ``register_dataclass``, NamedTuple, nested
 containers), ``jax.jit(self._step)`` in ``__init__``, global config objects and stdlib values
-(``datetime``, ``Decimal``, regex, ``deque``, ``Path``, ...) read while tracing. Every round
+(``datetime``, ``Decimal``, regex, ``deque``, ``Path``, ...) read while tracing, and what a trace's
+read enters the key by (an environment variable, a memo's value from a file, a subclass
+registry, a host callback through a module attribute, a library's setting such as equinox's
+``EQX_ON_ERROR``) beside an unread variable set anew in every process. Every round
 writes each template as many times as its largest slot has ingredients, every ingredient
 once, so each round covers the whole corpus; the draw decides which ingredients meet in one
 program.
@@ -1238,6 +1241,83 @@ FUNCS = ["f_date", "f_timedelta", "f_decimal", "f_regex", "f_deque", "f_path", "
             "f_fraction": ("fractions.Fraction global read while tracing",),
             "f_ordereddict": ("OrderedDict global read while tracing",),
         },
+    ),
+    Template(
+        # what issue 43 keys while tracing: each must enter the key only because the trace read
+        # it, and an unchanged program must hit (beside it, a process-varying variable unread)
+        "read_while_tracing",
+        HEAD + """\
+import json
+import os
+import types
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+os.environ["HC_RUN_ID"] = uuid.uuid4().hex  # set in every process, never read while tracing
+$setup
+
+
+@$jit
+def f_read(x):
+    TRACE()
+    return $body
+
+
+FUNCS = ["f_read"]
+""",
+        {"setup": Slot((
+            ing("environment variable read while tracing",
+                'os.environ.setdefault("HC_SCALE", "2.5")',
+                body='x * float(os.environ.get("HC_SCALE", "1"))'),
+            ing("os.getenv of an unset variable while tracing", "",
+                body='x * (2.0 if os.getenv("HC_NEVER_SET") is None else 3.0)'),
+            ing("lru_cache of a file read while tracing", """\
+                import functools
+
+                CFG = HERE / "cfg.json"
+                if not CFG.exists():
+                    CFG.write_text('{"scale": 1.5}')
+
+
+                @functools.lru_cache
+                def scale():
+                    return json.loads(CFG.read_text())["scale"]
+                """, body="x * scale()"),
+            ing("subclass registry walked while tracing", """\
+                class Op:
+                    def __call__(self, x):
+                        raise NotImplementedError
+
+
+                class Double(Op):
+                    def __call__(self, x):
+                        return x * 2.0
+
+
+                class Shift(Op):
+                    def __call__(self, x):
+                        return x + 1.0
+
+
+                def apply_all(x):
+                    for cls in Op.__subclasses__():
+                        x = cls()(x)
+                    return x
+                """, body="apply_all(x)"),
+            ing("host callback through a module attribute", """\
+                def _host_square(v):
+                    return (np.asarray(v) ** 2).astype(np.float32)
+
+
+                ops = types.SimpleNamespace(transform=None)
+                ops.transform = _host_square
+                """, body="jax.pure_callback(ops.transform, "
+                          "jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1.0"),
+            ing("a library setting read while tracing (equinox's EQX_ON_ERROR)",
+                "import equinox as eqx",
+                body='eqx.error_if(x, jnp.any(x > 100.0), "too big") * 2.0'),
+        ))},
     ),
 ]
 
