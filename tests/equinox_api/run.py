@@ -1,20 +1,22 @@
 """equinox's own ``tests/test_jit.py`` run under the jax.jit swap, cold and warm: equinox's
 ``filter_jit``, its ``jax.jit`` a ``kiln.jit``, must pass them as on JAX, bar ``differences.txt``.
 
-equinox's tests are not in this repository (nor in its wheel): this script takes them from an
-equinox source, at the tag of the installed equinox, into a folder of their own, and runs
+equinox's tests are not in its wheel: this script takes them from an equinox source, at the tag
+of the installed equinox, or from the copy of them at ``v0.13.8`` in this repository
+(``equinox_tests/``, next to this file), into a folder of their own, and runs
 ``tests/test_jit.py`` three times:
 
 1. **plain**: ``python -m pytest tests/test_jit.py`` (equinox on JAX's own ``jax.jit``);
-2. **cold**: ``python -m kiln run -m pytest tests/test_jit.py`` (the swap: kiln run's default) on an empty store
-   (``KILN_CACHE_DIR``): every ``jax.jit`` outside JAX itself, the one inside equinox's
-   ``filter_jit`` included, is a ``kiln.jit``;
+2. **cold**: ``python -m kiln run -m pytest tests/test_jit.py`` (the swap: kiln run's default)
+   on an empty store (``KILN_CACHE_DIR``): every ``jax.jit`` outside JAX itself, the one
+   inside equinox's ``filter_jit`` included, is a ``kiln.jit``;
 3. **warm**: the same command again, on the store the cold run filled.
 
 Usage (no network: ``SRC`` is an equinox git directory, a checkout, or a folder holding its
-``tests/``)::
+``tests/``; without ``--equinox`` or ``KILN_EQUINOX_SRC``, the copy in ``equinox_tests/``, which
+only an equinox of its version may run)::
 
-    PYTHONPATH=src python tests/equinox_api/run.py --equinox SRC [--out DIR] [--json PATH]
+    PYTHONPATH=src python tests/equinox_api/run.py [--equinox SRC] [--out DIR] [--json PATH]
                                                    [--without-trace-counts]
 
 ``KILN_EQUINOX_SRC`` gives ``SRC`` too. The files taken are ``tests/__init__.py``,
@@ -59,6 +61,10 @@ filterwarnings =
 PYTEST = ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "-p",
           "no:xdist", "-p", "no:randomly", "tests/test_jit.py")
 RUNS = ("plain", "cold", "warm")
+# equinox's FILES at this tag, unchanged, in this repository (equinox_tests/README.md)
+VENDORED = HERE / "equinox_tests"
+VENDORED_TAG = "v0.13.8"
+VENDORED_COMMIT = "dfadb04884a0fc067fb85282c994f8e5c106941f"
 
 
 def _load_children() -> Any:
@@ -96,6 +102,8 @@ def fetch(src: Path, tag: str, out: Path) -> str:
             dest.write_bytes(subprocess.run([*git, "show", f"{tag}:{name}"], check=True,
                                             capture_output=True).stdout)
     (out / "pytest.ini").write_text(PYTEST_INI)
+    if src.resolve() == VENDORED:
+        return f"{VENDORED_TAG} (commit {VENDORED_COMMIT}), the copy in {VENDORED}"
     if git is None:
         return f"{src} (a folder: its files as they are)"
     commit = subprocess.run([*git, "rev-parse", f"{tag}^{{commit}}"], check=True,
@@ -149,19 +157,24 @@ def without_trace_counts(folder: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--equinox", type=Path, default=os.environ.get("KILN_EQUINOX_SRC"),
-                        help="equinox's git directory, a checkout, or a folder with tests/")
+    parser.add_argument("--equinox", type=Path,
+                        default=os.environ.get("KILN_EQUINOX_SRC") or VENDORED,
+                        help="equinox's git directory, a checkout, or a folder with tests/ "
+                        f"(default: KILN_EQUINOX_SRC, else the copy at {VENDORED_TAG} in "
+                        f"{VENDORED})")
     parser.add_argument("--out", type=Path, help="the folder for the tests and the store "
                         "(default: a temporary one, removed after)")
     parser.add_argument("--json", type=Path, help="write the outcomes here")
     parser.add_argument("--without-trace-counts", action="store_true",
                         help="also run warm with `assert num_traces == N` removed")
     args = parser.parse_args(argv)
-    if args.equinox is None:
-        parser.error("give --equinox SRC (or KILN_EQUINOX_SRC)")
     import equinox
 
     tag = f"v{equinox.__version__}"
+    if args.equinox.resolve() == VENDORED and tag != VENDORED_TAG:
+        parser.error(f"the copy in {VENDORED} is equinox's tests at {VENDORED_TAG}, and the "
+                     f"installed equinox is {equinox.__version__}: give --equinox SRC (an "
+                     "equinox source with its tag) or install that version")
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.out or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
