@@ -8,7 +8,8 @@ the same version, a variable changed, a new ``.pth``, a module of the program's 
 shadow a preloaded one: each run gives what a plain run gives. Faults: the server killed with
 ``kill -9`` in the middle of a run, the client killed, a server that does not answer, no room
 to write. Lifecycle: idle exit, the cap on servers, ``kiln server ls|stop``, and no process
-left behind by any case (each test's processes carry a marker in their environment).
+left behind by any case, nor a zombie (each test's processes carry a marker in their
+environment; a zombie is known by its parent's).
 """
 
 from __future__ import annotations
@@ -140,6 +141,15 @@ PROG = textwrap.dedent('''
         elif case == "big":
             for i in range(200000):
                 print("line", i)
+        elif case == "handler":
+            import signal
+            def on_term(signum, frame):
+                print("handled", signal.Signals(signum).name, flush=True)
+                sys.exit(3)
+            signal.signal(signal.SIGTERM, on_term)
+            print("ready", flush=True)
+            time.sleep(60)
+            print("not signalled")
         elif case == "nosignal":
             time.sleep(4)
             print("no signal")
@@ -168,6 +178,7 @@ class Place:
                      "KILN_SERVER_TIMEOUT": "20", "KILN_SERVER_IDLE": "300",
                      "KILN_TEST_MARK": self.mark, "PYTHONPATH": str(self.lib),
                      "PROG_WHO": str(root / "who.txt")}
+        _OPEN.append(self)
 
     def env(self, **extra: str | None) -> dict[str, str]:
         return child_env(**{**self.base, **extra})
@@ -225,15 +236,41 @@ class Place:
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     environ = f.read()
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    state = f.read().rsplit(b")", 1)[1].split()[0]
             except OSError:
                 continue
-            if f"KILN_TEST_MARK={self.mark}".encode() in environ and state != b"Z":
+            if f"KILN_TEST_MARK={self.mark}".encode() in environ:
                 found.append(int(entry))
         return found
 
+    def zombies(self, wait_s: float = 5.0) -> list[str]:
+        """The zombie processes (ended, never waited for) whose parent carries this test's
+        marker, left so for ``wait_s`` seconds (a child that just ended is reaped within
+        milliseconds): a server or a client that does not reap its children. A zombie's own
+        environment cannot be read (/proc gives none): its parent says whose it is."""
+        end = time.monotonic() + wait_s
+        while True:
+            parents = set(self.marked())
+            found = []
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        stat = f.read()
+                except OSError:
+                    continue
+                name = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace")
+                state, ppid = stat.rsplit(b")", 1)[1].split()[:2]
+                if state == b"Z" and int(ppid) in parents:
+                    found.append(f"{entry} ({name}), child of {int(ppid)}")
+            if not found or time.monotonic() >= end:
+                return found
+            time.sleep(0.1)
+
     def close(self) -> None:
+        _OPEN.remove(self)
+        # (zombies first: a server that ends hands its children to init, which reaps them)
+        zombies = self.zombies()
         end = time.monotonic() + 30
         while time.monotonic() < end:
             # (again while any is left: a server started by the last run may not have
@@ -253,6 +290,21 @@ class Place:
                 pass
         shutil.rmtree(self.server_dir, ignore_errors=True)
         assert not left, f"processes left behind: {left}"
+        assert not zombies, f"zombie processes left behind: {zombies}"
+
+
+# the places not closed yet (the module's shared one): checked for zombies after each test
+_OPEN: list[Place] = []
+
+
+@pytest.fixture(autouse=True)
+def no_zombies() -> Any:
+    """After each test, no zombie left by the servers or clients of a place still open (a
+    test's own place checks at its close; the shared one's server outlives the test)."""
+    yield
+    for p in _OPEN:
+        found = p.zombies()
+        assert not found, f"zombie processes left behind: {found}"
 
 
 @pytest.fixture
@@ -416,6 +468,55 @@ def test_ctrl_c_is_a_keyboard_interrupt_with_status_130(shared: Place) -> None:
     assert results == [(130, True), (130, True)]
 
 
+def _signalled(p: Place, signum: int, *args: str, server: bool) -> tuple[Any, ...]:
+    """``kiln run prog.py ARGS`` sent ``signum`` once it printed "ready": its status, stdout,
+    stderr less kiln's summary line, and who ran it (as the program saw its parent)."""
+    who = p.root / "who.txt"
+    who.unlink(missing_ok=True)
+    proc = start_child([sys.executable, "-m", "kiln", "run",
+                        "--server" if server else "--no-server", "prog.py", *args],
+                       env=p.env(), cwd=p.app)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return (proc.returncode, out, SUMMARY.sub("", err),
+            who.read_text().split() if who.exists() else [])
+
+
+@pytest.mark.parametrize(("signame", "args"),
+                         [("SIGTERM", ("sleep", "60")), ("SIGHUP", ("sleep", "60")),
+                          ("SIGQUIT", ("sleep", "60")), ("SIGTERM", ("handler",))],
+                         ids=["sigterm", "sighup", "sigquit", "sigterm-handled"])
+def test_sigterm_sighup_and_sigquit_reach_the_program_as_in_a_plain_run(
+        shared: Place, signame: str, args: tuple[str, ...]) -> None:
+    """The client forwards the signal to its child and ends as the child did: by the signal
+    where the program has no handler, with the handler's status where it has one."""
+    signum = getattr(signal, signame)
+    plain = _signalled(shared, signum, *args, server=False)
+    # (a server that found a file on its path changed, as other tests' installs do, or a
+    # record of imports whose server is not up: a run that ends by a signal records nothing and
+    # starts no server, so a run that ends normally does, and the next try is served)
+    for _ in range(5):
+        shared.wait_server("prog.py")
+        served = _signalled(shared, signum, *args, server=True)
+        if served[3] == ["served"]:
+            break
+        shared.kiln("prog.py")
+    logs = "\n".join(p.read_text() for p in (shared.root / "store").rglob("*.log"))
+    assert served[3] == ["served"], (served, logs)
+    assert plain[3] == ["plain"]
+    assert served[:3] == plain[:3]
+    if args == ("handler",):
+        assert plain[:2] == (3, "handled SIGTERM\n")
+    else:
+        assert plain[:2] == (-signum, "")  # ended by the signal (a shell sees 128 + signum)
+
+
 def _through_pty(p: Place, server: bool) -> str:
     main, secondary = pty.openpty()
     proc = start_child([sys.executable, "-m", "kiln", "run",
@@ -459,6 +560,44 @@ def test_the_string_hash_seed_is_the_servers_and_a_set_one_is_kept(place: Place)
     served = place.kiln("prog.py", "hash", env=env)
     assert place.runs("prog.py") == 1
     assert served.stdout == plain.stdout
+
+
+def _served_twice(p: Place, *args: str, env: dict[str, str]) -> list[str]:
+    """The stdout of two runs of ``prog.py ARGS`` forked by one server."""
+    def counts() -> dict[int, int]:
+        return {int(s["pid"]): int(s.get("runs", 0)) for s in p.servers()
+                if s.get("target") == "prog.py" and s.get("state") == "serving"}
+
+    for attempt in range(4):
+        # (a run that imported what the record lacked added it, and a server that found a file
+        # on its path changed ends: the next run is plain, which starts another server)
+        if attempt:
+            time.sleep(3)
+        p.wait_server("prog.py")
+        before = counts()
+        outs = [p.kiln("prog.py", *args, env=env).stdout for _ in range(2)]
+        if any(runs == before.get(pid, 0) + 2 for pid, runs in counts().items()):
+            return outs
+    raise AssertionError(f"two runs not served by one server: {outs}")
+
+
+def test_without_pythonhashseed_the_runs_of_one_server_share_its_hash_seed(
+        place: Place) -> None:
+    """PYTHONHASHSEED unset: a child has its server's string hash seed (the same for every run
+    one server forks), random per server as it is per process (docs/reference.md, "What a
+    fork copies")."""
+    env = place.env(PYTHONHASHSEED=None)
+    plains = {place.kiln("prog.py", "hash", server=False, env=env).stdout for _ in range(2)}
+    assert len(plains) == 2  # a plain run draws its own
+    place.warm("prog.py", "hash", env=env)
+    first = _served_twice(place, "hash", env=env)
+    assert first[0] == first[1]
+    stopped = run_child([sys.executable, "-m", "kiln", "server", "stop"], env=place.env(),
+                        timeout=60)
+    assert "stopped" in stopped.stdout and place.servers() == []
+    place.warm("prog.py", "hash", env=env)  # another server
+    second = _served_twice(place, "hash", env=env)
+    assert second[0] == second[1] != first[0]
 
 
 def test_interpreter_flags_are_part_of_the_key(place: Place) -> None:
@@ -591,6 +730,33 @@ def test_a_module_that_starts_a_thread_or_writes_at_import_is_left_to_each_run(
         assert f"not preloaded: {wanted} (" in served.stderr, served.stderr
 
 
+def test_a_module_that_starts_a_jax_backend_at_import_is_left_to_each_run(
+        place: Place) -> None:
+    """A library of the program's (on sys.path, outside the script's folder) that asks for
+    JAX's devices while imported: never in the server (a fork would copy a backend's state
+    without its threads); each run imports it and prints what a plain run prints."""
+    (place.lib / "backend_lib.py").write_text(
+        "import jax\nimport jax.numpy as jnp\nDEVICES = len(jax.devices())\n"
+        "VALUE = float(jnp.ones(1)[0])\n")
+    _lib_program(place, "import numpy\nimport backend_lib\n"
+                 "print(backend_lib.DEVICES > 0, backend_lib.VALUE)\n", "backend.py")
+    time.sleep(2.1)
+    env = place.env(KILN_EXPLAIN="1")
+    place.warm("backend.py", env=env)
+    meta = place.wait_server("backend.py")
+    end = time.monotonic() + 60
+    while "backend_lib" not in meta.get("not_preloaded", {}) and time.monotonic() < end:
+        time.sleep(0.2)  # (the server starts again without it)
+        meta = place.server_of("backend.py") or meta
+    why = "started a JAX backend while imported (a device, XLA's threads)"
+    assert meta["not_preloaded"].get("backend_lib") == why, meta
+    plain = place.kiln("backend.py", server=False, env=env)
+    served = place.kiln("backend.py", env=env)
+    assert served.stdout == plain.stdout == "True 1.0\n"
+    assert place.runs("backend.py") == 1
+    assert f"not preloaded: backend_lib ({why})" in served.stderr, served.stderr
+
+
 def test_the_server_killed_in_the_middle_of_a_run(place: Place) -> None:
     server = place.warm("prog.py", "argv")
     proc = start_child([sys.executable, "-m", "kiln", "run", "--server", "prog.py", "sleep",
@@ -626,6 +792,59 @@ def test_a_server_that_does_not_answer_means_a_plain_run(place: Place) -> None:
     assert (late.returncode, late.stdout) == (7, "bye\n")  # once: the server's child never ran
     time.sleep(1)
     assert place.runs("prog.py") == 0
+
+
+def _reasons(stderr: str) -> list[str]:
+    """The lines of ``KILN_EXPLAIN`` that say why a run is not served (each says "a plain
+    run")."""
+    return [line for line in stderr.splitlines()
+            if line.startswith("kiln: server: ") and "a plain run" in line]
+
+
+def test_a_run_that_cannot_be_served_says_why_in_one_line(place: Place) -> None:
+    """Under KILN_EXPLAIN, a run the server cannot take prints one line saying why, and the
+    plain run's output: no record yet, no server, a server that does not answer, a server
+    made stale by an edited preloaded module."""
+    (place.lib / "helper_lib.py").write_text("VALUE = 1\n")
+    _lib_program(place, "import helper_lib\nprint(helper_lib.VALUE)\n")
+    time.sleep(2.1)  # (a file younger than the server's start makes it refuse to serve)
+    env = place.env(KILN_EXPLAIN="1")
+
+    def plain_and_why(run: Any, why: str) -> None:
+        plain = place.kiln("libuser.py", server=False, env=env)
+        assert (run.returncode, run.stdout) == (plain.returncode, plain.stdout), run.stderr
+        reasons = _reasons(run.stderr)
+        assert len(reasons) == 1 and why in reasons[0], run.stderr
+
+    first = place.kiln("libuser.py", env=env)
+    assert first.stdout == "1\n"
+    plain_and_why(first, "no record of this program's imports yet: a plain run")
+    place.wait_server("libuser.py")
+    run_child([sys.executable, "-m", "kiln", "server", "stop"], env=place.env(), timeout=60)
+    assert place.servers() == []
+    plain_and_why(place.kiln("libuser.py", env=env), "no server for this program yet (key ")
+    server = place.wait_server("libuser.py")
+    os.kill(int(server["pid"]), signal.SIGSTOP)
+    try:
+        late = place.kiln("libuser.py", env=place.env(KILN_EXPLAIN="1",
+                                                       KILN_SERVER_TIMEOUT="0.05"))
+    finally:
+        os.kill(int(server["pid"]), signal.SIGCONT)
+    plain_and_why(late, "TimeoutError: timed out: a plain run")
+    for attempt in range(4):
+        # (a server may find one of kiln's own files changed first, as another edit makes it:
+        # its reason names that file; again, once a server is up that imported both)
+        if attempt:
+            time.sleep(2.1)
+            place.warm("libuser.py", env=env)
+        place.wait_server("libuser.py")
+        (place.lib / "helper_lib.py").write_text(f"VALUE = {22 + attempt}\n")
+        stale = place.kiln("libuser.py", env=env)
+        if any("helper_lib.py changed" in line for line in _reasons(stale.stderr)):
+            break
+    assert stale.stdout == f"{22 + attempt}\n"
+    plain_and_why(stale, f"the server's imports are stale ({place.lib / 'helper_lib.py'} "
+                         "changed); it ended: a plain run")
 
 
 def test_two_runs_at_once_of_the_same_and_of_another_program(place: Place) -> None:

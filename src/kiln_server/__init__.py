@@ -180,7 +180,15 @@ def run_warm(target: Target) -> int | None:
             why = (reply or {}).get("why", "the server closed the connection")
             explain(f"{why}: a plain run")
             return None
-        send(conn, {"op": "go"})
+        # (signals are forwarded from before the child may start: one sent in between reaches
+        # the program as in a plain run, not a client that would die of it)
+        previous = _forward_signals(int(reply["pid"]))
+        try:
+            send(conn, {"op": "go"})
+        except OSError:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            raise
     except (OSError, ValueError) as e:
         explain(f"{type(e).__name__}: {e}: a plain run")
         if conn is not None:
@@ -234,9 +242,9 @@ def _request(target: Target, key: str) -> dict[str, Any]:
             "ignored": _ignored()}
 
 
-def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
-    """Forward signals to ``child`` until the server says how it ended; that status."""
-    conn.settimeout(None)
+def _forward_signals(child: int) -> dict[int, Any]:
+    """Forward the signals a plain run would get to ``child`` (Ctrl-Z stops it, SIGCONT
+    resumes it); the handlers they replace, by signal."""
 
     def forward(signum: int, frame: Any) -> None:
         try:
@@ -260,12 +268,17 @@ def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
             pass
 
     ignored = set(_ignored())
-    for name in _FORWARDED:
-        if getattr(signal, name) not in ignored:
-            signal.signal(getattr(signal, name), forward)
-    if signal.SIGTSTP not in ignored:
-        signal.signal(signal.SIGTSTP, stop)
-    signal.signal(signal.SIGCONT, resume)
+    handlers: dict[int, Any] = {getattr(signal, name): forward for name in _FORWARDED}
+    handlers[signal.SIGTSTP] = stop
+    handlers = {signum: h for signum, h in handlers.items() if signum not in ignored}
+    handlers[signal.SIGCONT] = resume
+    return {signum: signal.signal(signum, h) for signum, h in handlers.items()}
+
+
+def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
+    """Wait until the server says how ``child`` ended (its signals forwarded since before it
+    started: :func:`_forward_signals`); that status."""
+    conn.settimeout(None)
     code: int | None = None
     while True:
         try:
