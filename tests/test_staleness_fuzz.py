@@ -35,33 +35,45 @@ method body, an environment variable). What the corpus covers:
   ``np.frompyfunc``;
 - process-wide settings (``jax.config``: x64, optimizations, PRNG; ``XLA_FLAGS``; a flax flag).
 
-Round 0 runs every program cold against one store. Each later round applies ONE random edit to
-every program and starts ONE fresh process that, for each program, calls each of its functions
-through ``kiln.jit`` (a warm start: the store holds the previous rounds' entries), and then,
-after all kiln calls, through plain ``jax.jit`` (compiled two at a time in threads before the
-calls, which run what was compiled). An edit is *stale* when kiln's value differs from
-jax.jit's (``np.array_equal``: exact, dtype and pytree structure too). Edits that leave
-jax.jit's value unchanged are checked as well: kiln must still equal jax.jit. Programs that set
-process-wide state (``jax.config``, ``XLA_FLAGS``, a flax flag: ``own_process=True``) run in a
-process of their own, :data:`SOLOS_PER_ROUND` of them per round, next to the shared one.
+The test runs in two modes (:data:`MODES`), each on a store of its own, with the same edits:
+
+- ``decorated``: round 0 runs every program cold against one store. Each later round applies
+  ONE random edit to every program and starts ONE fresh process that, for each program, calls
+  each of its functions through ``kiln.jit`` (a warm start: the store holds the previous
+  rounds' entries), and then, after all kiln calls, through plain ``jax.jit`` (compiled two at
+  a time in threads before the calls, which run what was compiled);
+- ``kiln run``: the same, with ``jax.jit`` in the driver where it has ``kiln.jit``, run as
+  ``python -m kiln run prog.py`` as it is by default (the swap makes each ``jax.jit`` a
+  ``kiln.jit``; JAX's own cache routed into the store), and the reference a fresh plain
+  ``python prog.py`` next to it calling JAX's own ``jax.jit`` (kiln not involved: what a
+  user's fresh run returns).
+
+An edit is *stale* when kiln's value differs from jax.jit's (``np.array_equal``: exact, dtype
+and pytree structure too). Edits that leave jax.jit's value unchanged are checked as well: kiln
+must still equal jax.jit. Programs that set process-wide state (``jax.config``, ``XLA_FLAGS``, a
+flax flag: ``own_process=True``) run in a process of their own, :data:`SOLOS_PER_ROUND` of them
+per round, next to the shared one. The corpus's programs are plain functions (the driver jits
+them), so every program runs in both modes.
 
 Randomness is ``random.Random(seed)`` and independent of timing, so a seed and an edit count
-replay the same edits. Settings (environment):
+replay the same edits (in either mode). Settings (environment):
 
 - ``KILN_FUZZ_SEED`` (default 33): the seed;
-- ``KILN_FUZZ_BUDGET_S`` (default 75): seconds of the test's own time; no round starts once the
-  last one would not fit;
-- ``KILN_FUZZ_EDITS`` (default: no cap): stop after this many edits.
+- ``KILN_FUZZ_BUDGET_S`` (default 75): seconds of the test's own time, half to each mode; round
+  1 always runs, and no later round starts once the last one would not fit;
+- ``KILN_FUZZ_EDITS`` (default: no cap): stop after this many edits (in each mode).
 
-CI runs it with the defaults. A longer run, with the summary printed::
+CI runs it with the defaults. A longer run, with the summary printed (``-k kiln-run`` or
+``-k decorated``: one mode)::
 
-    KILN_FUZZ_BUDGET_S=1800 python -m pytest tests/test_staleness_fuzz.py -n 0 -s
+    KILN_FUZZ_BUDGET_S=1800 python -m pytest tests/test_staleness_fuzz.py -m slow -n 0 -s
 
-It prints ``staleness fuzz: seed S, N edits tried, M stale (by kind: ...)`` and a table per edit
-kind (tried; jax.jit's value changed; kiln missed, i.e. recompiled, vs hit; stale). It fails
-listing each stale edit (program, edit, kiln's and jax.jit's values) and the command that reruns
-that seed. Edit kinds in :data:`KNOWN_STALE_TODAY` are run and reported but do not fail the
-test: they are stale on today's kiln and being fixed; empty the set as the fixes land.
+Each mode prints ``staleness fuzz (MODE): seed S, N edits tried, M stale (by kind: ...)`` and
+a table per edit kind (tried; jax.jit's value changed; kiln missed, i.e. recompiled, vs hit;
+stale). It fails listing each stale edit (program, edit, kiln's and jax.jit's values) and the
+command that reruns that seed in that mode. Edit kinds in :data:`KNOWN_STALE_TODAY` are run
+and reported but do not fail the test: they are stale on today's kiln and being fixed; empty the
+set as the fixes land.
 """
 
 from __future__ import annotations
@@ -1698,7 +1710,8 @@ def _record(name: str, text: str) -> bytes:
 
 
 # ----------------------------------------------------------------------------------------------
-# The driver: prog.py, run in each fresh process with the package names to run
+# The driver: prog.py, run in each fresh process with what to call ("kiln", "jax" or
+# "kiln,jax") and the package names to run
 # ----------------------------------------------------------------------------------------------
 DRIVER = '''\
 import importlib
@@ -1709,7 +1722,7 @@ import jax
 
 import kiln
 
-names = sys.argv[1:]
+parts, names = sys.argv[1].split(","), sys.argv[2:]
 mods = {n: importlib.import_module(n + ".main") for n in names}  # all imports first
 
 
@@ -1728,15 +1741,27 @@ def compile_for(key):
         pass  # the call below raises it again, and records it
 
 
-run("kiln", lambda n, fname: kiln.jit(getattr(mods[n], fname)))  # every warm kiln call first
-# then plain jax.jit, compiled two at a time (XLA's compile lets go of the GIL) for the argument
-# its call gets: the calls run what was compiled
-jitted = {(n, f): jax.jit(getattr(m, f)) for n, m in mods.items() for f in m.FUNCS}
-with ThreadPoolExecutor(2) as pool:
-    list(pool.map(compile_for, jitted))
-run("jax", lambda n, fname: jitted[n, fname])
+if "kiln" in parts:  # every warm kiln call first
+    run("kiln", lambda n, fname: kiln.jit(getattr(mods[n], fname)))
+if "jax" in parts:
+    # then plain jax.jit, compiled two at a time (XLA's compile lets go of the GIL) for the
+    # argument its call gets: the calls run what was compiled
+    jitted = {(n, f): jax.jit(getattr(m, f)) for n, m in mods.items() for f in m.FUNCS}
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(compile_for, jitted))
+    run("jax", lambda n, fname: jitted[n, fname])
 report()
 '''
+# How each mode runs a group of programs: its prog.py (the driver, as the mode writes it), then
+# for each process what the driver calls and what Python runs. "decorated": kiln.jit in the
+# source, then plain jax.jit in the same process. "kiln run": the same driver with jax.jit where
+# it has kiln.jit, run as `python -m kiln run prog.py` (the default: the swap makes each jax.jit
+# a kiln.jit), next to the reference, a fresh plain `python prog.py` calling JAX's own jax.jit.
+MODES: dict[str, tuple[str, list[tuple[str, tuple[str, ...]]]]] = {
+    "decorated": (DRIVER, [("kiln,jax", ("prog.py",))]),
+    "kiln run": (DRIVER.replace("kiln.jit(", "jax.jit("),
+                 [("kiln", ("-m", "kiln", "run", "prog.py")), ("jax", ("prog.py",))]),
+}
 
 
 @dataclasses.dataclass
@@ -1830,15 +1855,18 @@ def _how(rec: dict[str, Any]) -> str:
     return "other"
 
 
-def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
+@pytest.mark.parametrize("mode", list(MODES), ids=[m.replace(" ", "-") for m in MODES])
+def test_staleness_fuzz(tmp_path: Path, xp: Any, mode: str) -> None:
     """Random edits of the corpus; a warm kiln run must equal plain jax.jit after every one."""
     start = time.monotonic()
-    rng = random.Random(SEED)
+    budget_s = BUDGET_S / len(MODES)  # the modes share the budget
+    rng = random.Random(SEED)  # the same edits in each mode
     prog = xp.Program(tmp_path)
     kiln_src = Path(kiln.__file__).resolve().parent.parent  # children run this kiln
     prog.base_env = {"PYTHONPATH": os.pathsep.join([str(kiln_src),
                                                     str(prog.dir / "site-packages")])}
-    prog.write("prog.py", DRIVER)
+    driver, processes = MODES[mode]
+    prog.write("prog.py", driver)
     instances = [
         Instance(t, f"fz{i:02d}_{t.name}", {k: rng.choice(s.values) for k, s in t.sites.items()})
         for i, t in enumerate(CORPUS)
@@ -1854,14 +1882,28 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
     last_edit: dict[str, tuple[str, str]] = {}  # package: (kind, edit)
     edits_tried = 0
 
-    def launch(group: list[Instance]) -> Any:
+    def launch(group: list[Instance]) -> list[Any]:
         envs: dict[str, str | None] = {}
         for inst in group:
             envs.update(inst.environ())
-        return prog.start(*[i.package for i in group], env=envs)
+        procs = []
+        for parts, main in processes:
+            env = dict(envs)
+            if main[0] == "-m":  # kiln run as it is by default: JAX's cache in the store too
+                env["KILN_JAX_CACHE"] = None
+            if "kiln" not in parts:  # the reference: a store of its own, never used
+                env["KILN_CACHE_DIR"] = str(tmp_path / "reference-store")
+            procs.append(prog.start(parts, *[i.package for i in group], env=env, main=main))
+        return procs
 
-    def collect(run: Any, group: list[Instance], rnd: int, edits: dict[str, tuple[str, str]]
-                ) -> None:
+    def finish(procs: list[Any]) -> dict[str, dict[str, Any]]:
+        results: dict[str, dict[str, Any]] = {}
+        for proc in procs:
+            results.update(prog.finish(proc, timeout=600).results)
+        return results
+
+    def collect(run: dict[str, dict[str, Any]], group: list[Instance], rnd: int,
+                edits: dict[str, tuple[str, str]]) -> None:
         for inst in group:
             edited = inst.package in edits
             if edited:
@@ -1894,15 +1936,17 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
     round_s = 0.0
     with ThreadPoolExecutor(1 + SOLOS_PER_ROUND) as pool:
         cold_groups = [shared, *([i] for i in alone)]
-        for run, group in zip(pool.map(lambda g: prog.finish(launch(g), timeout=600),
-                                       cold_groups), cold_groups, strict=True):
+        for run, group in zip(pool.map(lambda g: finish(launch(g)), cold_groups), cold_groups,
+                              strict=True):
             collect(run, group, 0, {})
     cold_s = time.monotonic() - start
     round_times: list[float] = []
     rnd = 0
     while True:
         t0 = time.monotonic()
-        if t0 - start + round_s > BUDGET_S or (MAX_EDITS is not None and edits_tried >= MAX_EDITS):
+        # round 1 always runs (the edits are the test), later ones while they fit the budget
+        over = rnd > 0 and t0 - start + round_s > budget_s
+        if over or (MAX_EDITS is not None and edits_tried >= MAX_EDITS):
             break
         rnd += 1
         solos = rng.sample(alone, min(SOLOS_PER_ROUND, len(alone)))
@@ -1919,8 +1963,8 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
             edits_tried += 1
         groups = [g for g in (shared, *([i] for i in solos)) if any(i.package in edits for i in g)]
         running = [(launch(g), g) for g in groups]
-        for proc, group in running:
-            collect(prog.finish(proc, timeout=600), group, rnd, edits)
+        for procs, group in running:
+            collect(finish(procs), group, rnd, edits)
         round_s = time.monotonic() - t0
         round_times.append(round_s)
 
@@ -1928,7 +1972,7 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
     stale = [o for o in outcomes if o.stale]
     failing = [o for o in stale if o.kind not in KNOWN_STALE_TODAY]
     by_kind = {k: c["stale"] for k, c in sorted(per_kind.items()) if c["stale"]}
-    summary = (f"staleness fuzz: seed {SEED}, {edits_tried} edits tried, "
+    summary = (f"staleness fuzz ({mode}): seed {SEED}, {edits_tried} edits tried, "
                f"{sum(by_kind.values())} stale (by kind: "
                f"{', '.join(f'{k} {n}' for k, n in by_kind.items()) or 'none'})"
                f"; {rnd} rounds, {wall:.0f} s (cold {cold_s:.0f} s, rounds "
@@ -1950,12 +1994,19 @@ def test_staleness_fuzz(tmp_path: Path, xp: Any) -> None:
         lines += [_line(firsts[k]) for k in sorted(firsts)]
     print("\n" + "\n".join(lines))
     if failing:
+        test_id = mode.replace(" ", "-")
         rerun = (f"KILN_FUZZ_SEED={SEED} KILN_FUZZ_EDITS={edits_tried} KILN_FUZZ_BUDGET_S=100000 "
-                 "python -m pytest tests/test_staleness_fuzz.py -n 0 -s")
+                 f"python -m pytest 'tests/test_staleness_fuzz.py::test_staleness_fuzz[{test_id}]' "
+                 "-m slow -n 0 -s")
         pytest.fail(
             f"{len(failing)} stale kiln results (kiln's value != jax.jit's):\n"
             + "\n".join(_line(o) for o in failing[:60])
             + f"\n{summary}\nrerun this seed: {rerun}", pytrace=False)
+    # every kiln call went through kiln (under kiln run: the swap made its jax.jit a kiln.jit),
+    # else that call compared jax.jit with itself
+    not_kiln = [f"{o.package}.{o.function} (round {o.round})" for o in outcomes
+                if _how(o.kiln) == "other"]
+    assert not not_kiln, f"{mode}: calls kiln neither hit nor missed: {not_kiln[:10]}"
 
 
 def _funcs(inst: Instance) -> list[str]:
