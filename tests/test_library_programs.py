@@ -188,10 +188,14 @@ def _assert_loads_everything(name: str, cold: dict[str, Any], warm: dict[str, An
     assert warm["eager_hits"] + warm["route_hits"] > 0, explain
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [
+# every program, those of KNOWN_WARM_MISSES expected to fail (strictly: a fix shows)
+WARM_PARAMS = [
     pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WARM_MISSES[n]))
-    if n in KNOWN_WARM_MISSES else n for n in PROGRAMS])
+    if n in KNOWN_WARM_MISSES else n for n in PROGRAMS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WARM_PARAMS)
 def test_warm_run_loads_without_compiling(name: str,
                                           runs: Callable[[str], dict[str, dict]]) -> None:
     by_mode = runs(name)
@@ -218,9 +222,7 @@ def test_warm_run_loads_without_compiling(name: str,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WARM_MISSES[n]))
-    if n in KNOWN_WARM_MISSES else n for n in PROGRAMS])
+@pytest.mark.parametrize("name", WARM_PARAMS)
 def test_warm_run_writes_no_store_entry(name: str,
                                         runs: Callable[[str], dict[str, dict]]) -> None:
     """Nothing changed, so nothing is stored: the store holds the same entries (kiln ls
