@@ -13,7 +13,9 @@ plain ``jax.jit`` in the same process (the reference):
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import threading
 from typing import Any
 
@@ -142,6 +144,42 @@ def test_kiln_s_and_jax_s_own_reads_are_not_the_trace_s() -> None:
     with TraceRecorder() as r:
         jax.jit(lambda x: x + jnp.asarray(np.arange(3.0)).sum()).lower(1.0).compile()
     assert r.reads == []
+
+
+class _Cycle:
+    """A reference cycle with a finalizer: collected, not freed by its count."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+    def __del__(self) -> None:
+        _Cycle.finalized += 1
+
+    finalized = 0
+
+
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="Python 3.12+")
+def test_a_collection_during_the_trace_is_not_the_trace_s() -> None:
+    """A garbage collection that happens while tracing runs the gc callbacks of whatever library
+    installed one (hypothesis times collections in module globals) and the finalizers of
+    unreachable objects: neither is code the trace ran, so neither is keyed (else a run whose
+    collection falls elsewhere misses; CI saw hypothesis's ``_gc_start`` keyed)."""
+    from hypothesis.internal.conjecture.junkdrawer import gc_cumulative_time
+
+    gc_cumulative_time()  # installs hypothesis's callback (first in gc.callbacks)
+    _Cycle()
+    before = _Cycle.finalized
+
+    def f(x: jax.Array) -> jax.Array:
+        gc.collect()
+        return jnp.sin(x) * 2
+
+    r, codes = _traced_codes(f, jnp.ones(3))
+    assert _Cycle.finalized == before + 1  # the collection ran inside the trace
+    assert library_globals(codes) == []
+    assert _Cycle.__del__.__code__ not in r.codes
+    assert f.__code__ in r.codes
+    assert not any(getattr(cb, "__module__", "").startswith("kiln") for cb in gc.callbacks)
 
 
 def test_kiln_jit_keys_what_the_trace_read(monkeypatch: pytest.MonkeyPatch) -> None:

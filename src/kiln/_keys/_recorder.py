@@ -9,6 +9,7 @@ items.
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import types
@@ -25,6 +26,19 @@ _monitoring: Any = getattr(sys, "monitoring", None)  # Python 3.12+
 _recorders: list[TraceRecorder] = []
 _tool_id: int | None = None
 _recorders_lock = threading.Lock()
+_collecting: int | None = None  # the thread collecting garbage now, else None
+
+
+def _gc_started(phase: str, info: dict[str, Any]) -> None:
+    global _collecting
+    if phase == "start":
+        _collecting = threading.get_ident()
+
+
+def _gc_stopped(phase: str, info: dict[str, Any]) -> None:
+    global _collecting
+    if phase == "stop":
+        _collecting = None
 
 
 class TraceRecorder:
@@ -36,7 +50,11 @@ class TraceRecorder:
       tracing (``sys.monitoring`` PY_START, each code object reported once and then disabled,
       which costs nothing measurable: a 3.5 s diffrax trace took no longer). Python 3.11 has
       no such hook at a bearable price (``sys.setprofile`` added 60% to that trace), so there
-      the manifest holds the functions that emitted equations only.
+      the manifest holds the functions that emitted equations only. Code that runs because
+      a garbage collection happened during the trace (``gc.callbacks``, such as hypothesis's
+      timer of collections, finalizers, weakref callbacks) is not the trace's: it runs where
+      an allocation happened to cross a threshold, so it is left out (kiln's two callbacks
+      open and close every collection around the others').
 
     - ``reads``: files and databases this thread (and the threads it started while tracing)
       opened, directories it listed and paths it checked while tracing, as manifest items
@@ -126,6 +144,7 @@ def _start_monitoring() -> bool:
         else:
             return False
     if not _recorders:
+        _bracket_collections(True)
         mon.restart_events()  # codes disabled by an earlier recording report again
         mon.set_events(_tool_id, mon.events.PY_START)
     return True
@@ -134,10 +153,26 @@ def _start_monitoring() -> bool:
 def _stop_monitoring() -> None:
     if _tool_id is not None:
         _monitoring.set_events(_tool_id, 0)
+    _bracket_collections(False)
+
+
+def _bracket_collections(on: bool) -> None:
+    """Put kiln's gc callbacks first and last in ``gc.callbacks`` (``on``), or take them out:
+    between them every other callback, finalizer and weakref callback of a collection runs."""
+    global _collecting
+    for cb in (_gc_started, _gc_stopped):
+        while cb in gc.callbacks:
+            gc.callbacks.remove(cb)
+    _collecting = None
+    if on:
+        gc.callbacks.insert(0, _gc_started)
+        gc.callbacks.append(_gc_stopped)
 
 
 def _on_py_start(code: types.CodeType, offset: int) -> Any:
     me = threading.get_ident()
+    if _collecting == me:
+        return None  # a collection's code, not the trace's (it may run in the trace later)
     seen = False
     for r in list(_recorders):
         if r.thread == me:
