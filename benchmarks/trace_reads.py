@@ -175,8 +175,8 @@ def lotka_volterra() -> tuple[Arm, Extra]:
     def extra(reps: int) -> dict[str, Any]:
         # the wrapped os calls one recorded trace makes: counters in front of kiln's wrappers
         counts = {"stat": 0, "lstat": 0, "access": 0}
-        wrappers = {name: w for owner, name, _, w in _reads._WRAPPERS if owner is os}
-        originals = {name: o for owner, name, o, _ in _reads._WRAPPERS if owner is os}
+        wrappers = {name: w for owner, name, _, w in _reads._state._WRAPPERS if owner is os}
+        originals = {name: o for owner, name, o, _ in _reads._state._WRAPPERS if owner is os}
 
         def counting(name: str) -> Any:
             def call(*a: Any, **k: Any) -> Any:

@@ -29,6 +29,7 @@ ls|stop`` use it). Documented in docs/reference.md, "The warm process".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -85,44 +86,30 @@ def target_of(argv: list[str]) -> Target | None:
     ``KILN_SERVER=1`` without ``--no-server``), with ``argv`` less those flags; None for any
     other command line (``kiln`` then parses it as always)."""
     i, cache_dir, out = 0, None, []
-    while i < len(argv) and argv[i] != "run":
-        word = argv[i]
-        name = word.split("=", 1)[0]
-        if name not in _VALUED:
-            return None
-        value = word.split("=", 1)[1] if "=" in word else (argv[i + 1] if i + 1 < len(argv)
-                                                             else None)
-        if value is None:
-            return None
-        if name == "--cache-dir":
-            cache_dir = value
-        out.extend(argv[i:i + (1 if "=" in word else 2)])
-        i += 1 if "=" in word else 2
-    if i >= len(argv):
-        return None
-    out.append("run")
-    i += 1
-    wanted = enabled_by_env()
+    wanted: bool | None = None  # (None until the verb "run")
     while i < len(argv):
         word = argv[i]
-        name = word.split("=", 1)[0]
-        if word == "--server":
-            wanted = True
+        name, eq, value = word.partition("=")
+        if wanted is None and word == "run":
+            wanted = enabled_by_env()
+            out.append(word)
             i += 1
-        elif word == "--no-server":
-            wanted = False
+        elif name in _VALUED:
+            step = 1 if eq else 2
+            if i + step > len(argv):
+                return None
+            if name == "--cache-dir":
+                cache_dir = value if eq else argv[i + 1]
+            out.extend(argv[i:i + step])
+            i += step
+        elif wanted is None:
+            return None  # another verb, or an option kiln_server does not know
+        elif word in ("--server", "--no-server"):
+            wanted = word == "--server"
             i += 1
         elif word in _RUN_FLAGS:
             out.append(word)
             i += 1
-        elif name in _VALUED:
-            step = 1 if "=" in word else 2
-            if i + step > len(argv):
-                return None
-            if name == "--cache-dir":
-                cache_dir = word.split("=", 1)[1] if "=" in word else argv[i + 1]
-            out.extend(argv[i:i + step])
-            i += step
         else:
             break
     if not wanted or i >= len(argv):
@@ -213,23 +200,17 @@ def _inherited() -> list[int] | None:
         return None
     extra = []
     for fd in others:
-        try:
+        with contextlib.suppress(OSError):  # (the listing's own descriptor, closed by now)
             if os.get_inheritable(fd):
                 extra.append(fd)
-        except OSError:
-            continue  # (the listing's own descriptor, closed by now)
     return [0, 1, 2, *extra[:200]]
 
 
 def _ignored() -> list[int]:
     """The signals this process was started with ignored (``nohup``, a shell's background
     job): a plain run keeps them ignored, so the child does, and the client forwards none."""
-    found = []
-    for name in (*_FORWARDED, "SIGTSTP"):
-        signum = getattr(signal, name)
-        if signal.getsignal(signum) == signal.SIG_IGN:
-            found.append(int(signum))
-    return found
+    signums = [getattr(signal, name) for name in (*_FORWARDED, "SIGTSTP")]
+    return [int(signum) for signum in signums if signal.getsignal(signum) == signal.SIG_IGN]
 
 
 def _request(target: Target, key: str) -> dict[str, Any]:
@@ -247,31 +228,21 @@ def _forward_signals(child: int) -> dict[int, Any]:
     resumes it); the handlers they replace, by signal."""
 
     def forward(signum: int, frame: Any) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(child, signum)
-        except OSError:
-            pass
 
     def stop(signum: int, frame: Any) -> None:  # Ctrl-Z: the child stops with the client
-        try:
+        with contextlib.suppress(OSError):
             os.kill(child, signal.SIGSTOP)
-        except OSError:
-            pass
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTSTP)
         signal.signal(signal.SIGTSTP, stop)
-
-    def resume(signum: int, frame: Any) -> None:
-        try:
-            os.kill(child, signal.SIGCONT)
-        except OSError:
-            pass
 
     ignored = set(_ignored())
     handlers: dict[int, Any] = {getattr(signal, name): forward for name in _FORWARDED}
     handlers[signal.SIGTSTP] = stop
     handlers = {signum: h for signum, h in handlers.items() if signum not in ignored}
-    handlers[signal.SIGCONT] = resume
+    handlers[signal.SIGCONT] = forward  # (SIGCONT resumes the child too)
     return {signum: signal.signal(signum, h) for signum, h in handlers.items()}
 
 
@@ -303,11 +274,9 @@ def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
 def _die_by(signum: int) -> int:
     """End this process by ``signum`` as the child ended (a shell then sees 128+signum)."""
     sys.stdout.flush()
-    try:
+    with contextlib.suppress(OSError, ValueError):
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
-    except (OSError, ValueError):
-        pass
     return 128 + signum
 
 
@@ -363,8 +332,7 @@ def _after_run(target: Target) -> None:
             "idle": setting("IDLE", 900.0), "max": int(setting("MAX", 4))}
     spec_path = os.path.join(where, f"{key[:20]}.{os.getpid()}.spec")
     write_json(spec_path, spec)
-    log = open(os.path.join(logs, key[:20] + ".log"), "ab")
-    with log:
+    with open(os.path.join(logs, key[:20] + ".log"), "ab") as log:
         subprocess.Popen(
             [sys.executable, *interpreter_flags(), "-c",
              "import kiln_warm._serve as s; s.main()", spec_path],
@@ -397,10 +365,8 @@ def list_servers() -> list[dict[str, Any]]:
         meta = read_meta(os.path.join(where, name))
         if meta is None or not _alive(int(meta.get("pid", 0))):
             for ext in (".json", ".sock", ".lock"):
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(os.path.join(where, name[:-5] + ext))
-                except OSError:
-                    pass
             continue
         found.append(meta)
     return found
@@ -417,10 +383,8 @@ def stop_server(meta: dict[str, Any], wait_s: float = 5.0) -> bool:
             send(conn, {"op": "stop"})
             Reader(conn).next()
     except (OSError, ValueError, KeyError):
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
         if not _alive(pid):

@@ -4,6 +4,7 @@ Standard library only (the client must start in milliseconds, without kiln or ja
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,11 +39,9 @@ def explain(message: str) -> None:
     """One line on stderr under ``KILN_EXPLAIN`` (the client's reason to fall back, the
     server's choices); nothing otherwise."""
     if os.environ.get("KILN_EXPLAIN", "").strip().lower() not in _FALSE:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(f"kiln: server: {message}\n")
             sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def cache_dir(cli_cache_dir: str | None = None) -> str:
@@ -55,7 +54,7 @@ def cache_dir(cli_cache_dir: str | None = None) -> str:
     return kiln_early._cache_dir()
 
 
-def server_dir(create: bool = True) -> str:
+def server_dir() -> str:
     """The per-user folder of the servers' sockets, locks and descriptions: ``KILN_SERVER_DIR``,
     else ``$XDG_RUNTIME_DIR/kiln-server``, else ``/tmp/kiln-server-<uid>``. Made with mode 0700;
     raises :class:`OSError` where it is a link, another user's, or open to others (a socket
@@ -67,11 +66,8 @@ def server_dir(create: bool = True) -> str:
             where = os.path.join(runtime, "kiln-server")
         else:
             where = os.path.join("/tmp", f"kiln-server-{os.getuid()}")
-    if create:
-        try:
-            os.mkdir(where, 0o700)
-        except FileExistsError:
-            pass
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(where, 0o700)
     info = os.lstat(where)
     if not stat.S_ISDIR(info.st_mode):
         raise OSError(f"{where} is not a folder")
@@ -120,12 +116,7 @@ def record_path(target: Target) -> str:
 
 def read_record(target: Target) -> list[str] | None:
     """The recorded module names, in the order they were first imported; None if none."""
-    try:
-        with open(record_path(target), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    modules = data.get("modules") if isinstance(data, dict) else None
+    modules = (read_meta(record_path(target)) or {}).get("modules")
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
         return None
     return modules
@@ -153,8 +144,7 @@ def interpreter_flags() -> list[str]:
     server with the same ones (they are in its key)."""
     import subprocess
 
-    flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    return flags
+    return subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined,no-any-return]
 
 
 def _interpreter() -> list[Any]:
@@ -201,6 +191,7 @@ def files_of(key: str, where: str | None = None) -> dict[str, str]:
 
 
 def read_meta(path: str) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a description, a record); None if there is none."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

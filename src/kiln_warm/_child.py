@@ -4,6 +4,7 @@ copies; run ``kiln run`` as a plain run does; say the status to the client."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
@@ -40,10 +41,8 @@ def run_child(job: dict[str, Any]) -> int:
     from kiln._cli import main
 
     status = main(list(request["argv"]))
-    try:
+    with contextlib.suppress(OSError):
         send(conn, {"code": status})
-    except OSError:
-        pass
     _update_record(request, set(job["preloaded"]))
     return status
 
@@ -83,10 +82,8 @@ def _reopen_stdio() -> None:
         stream = io.TextIOWrapper(binary, encoding=encoding, errors=errors, newline="\n",
                                   line_buffering=line_buffering, write_through=not buffered)
         stream.mode = "r" if fd == 0 else "w"  # type: ignore[misc]
-        try:
+        with contextlib.suppress(OSError, ValueError):
             old.flush()
-        except (OSError, ValueError):
-            pass
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
@@ -113,7 +110,7 @@ def _make_anew() -> None:
 def _update_record(request: dict[str, Any], preloaded: set[str]) -> None:
     """The program imported modules its record does not list: add them (the next plain run
     starts a server that preloads them too). Never raises."""
-    try:
+    with contextlib.suppress(Exception):  # a record is a hint
         from kiln_server import imported_modules
 
         path = request["record"]
@@ -126,5 +123,3 @@ def _update_record(request: dict[str, Any], preloaded: set[str]) -> None:
             return
         data["modules"] = old + new
         write_json(path, data)
-    except Exception:  # noqa: BLE001 - a record is a hint
-        pass

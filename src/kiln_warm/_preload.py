@@ -101,7 +101,7 @@ def preload(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
 
 def _restart(spec: dict[str, Any], unsafe: dict[str, str], saved: tuple[int, int]) -> None:
     """Remember ``unsafe`` for the key and start the server again (execv: a fresh process)."""
-    from kiln_server._common import write_json
+    from kiln_server._common import interpreter_flags, write_json
 
     write_json(_sidecar(spec), unsafe)
     spec_path = os.path.join(spec["dir"], f"{spec['key'][:20]}.{os.getpid()}.spec")
@@ -110,7 +110,5 @@ def _restart(spec: dict[str, Any], unsafe: dict[str, str], saved: tuple[int, int
     os.dup2(saved[1], 2)
     if len(unsafe) > 20:  # a loop of surprises: give up serving this key
         os._exit(0)
-    from kiln_server._common import interpreter_flags
-
     os.execv(sys.executable, [sys.executable, *interpreter_flags(), "-c",
                               "import kiln_warm._serve as s; s.main()", spec_path])

@@ -9,6 +9,7 @@ as the client was). Never starts a JAX backend and never holds a thread when it 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -36,10 +37,8 @@ def main() -> None:
     spec_path = sys.argv[1]
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(spec_path)
-    except OSError:
-        pass
     sys.path[:] = spec["path"]
     sys.argv = ["kiln"]
     files = files_of(spec["key"], spec["dir"])
@@ -101,10 +100,8 @@ class Server:
                 self._remove()
 
     def _listen(self) -> socket.socket:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.files["sock"])
-        except FileNotFoundError:
-            pass
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o077)
         try:
@@ -116,24 +113,17 @@ class Server:
         return listener
 
     def _describe(self, state: str) -> None:
-        meta = {"pid": os.getpid(), "state": state, "key": self.key,
-                "target": self.spec["target"],
-                "sock": self.files["sock"], "preloaded": len(self.preloaded),
-                "not_preloaded": self.unsafe, "started": self.started,
-                "last_used": self.last_used, "idle": self.spec["idle"], "runs": 0,
-                "python": sys.executable}
-        self.meta = meta
-        self._write_meta()
-
-    def _write_meta(self) -> None:
+        self.meta = {"pid": os.getpid(), "state": state, "key": self.key,
+                     "target": self.spec["target"], "sock": self.files["sock"],
+                     "preloaded": len(self.preloaded), "not_preloaded": self.unsafe,
+                     "started": self.started, "last_used": self.last_used,
+                     "idle": self.spec["idle"], "runs": 0, "python": sys.executable}
         write_json(self.files["meta"], self.meta)
 
     def _remove(self) -> None:
         for name in ("sock", "meta"):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.files[name])
-            except OSError:
-                pass
 
     def _cap(self) -> None:
         """Past ``KILN_SERVER_MAX`` servers for this user, stop the least recently used."""
@@ -154,7 +144,7 @@ class Server:
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGTERM, lambda *_: self._stop_listening())
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
@@ -179,25 +169,18 @@ class Server:
                     self._client_event(item.fileobj, item.data)
             self._reap()
 
-    def _on_term(self, signum: int, frame: Any) -> None:
-        self._stop_listening()
-
     def _stop_listening(self) -> None:
         if not self.stopping:
             self.stopping = True
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(self.listener)
-            except (KeyError, ValueError):
-                pass
             self.listener.close()
             self._remove()
 
     def _drain_wake(self) -> None:
-        try:
+        with contextlib.suppress(BlockingIOError):
             while os.read(self.wake_r, 512):
                 pass
-        except BlockingIOError:
-            pass
 
     def _reap(self) -> None:
         while self.children:
@@ -214,18 +197,14 @@ class Server:
                 message = {"status": "signal", "signal": os.WTERMSIG(status)}
             else:
                 message = {"status": "exit", "code": os.waitstatus_to_exitcode(status)}
-            try:
+            with contextlib.suppress(OSError):
                 send(conn, message)
-            except OSError:
-                pass
             self._forget(conn)
             self.last_used = time.time()
 
     def _forget(self, conn: socket.socket) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(conn)
-        except (KeyError, ValueError):
-            pass
         conn.close()
 
     def _client_event(self, conn: Any, pid: int) -> None:
@@ -239,14 +218,10 @@ class Server:
             return
         if pid in self.children:
             _log(f"client of {pid} went away: killing its process group")
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(conn)
-            except (KeyError, ValueError):
-                pass
 
     # -- one run -----------------------------------------------------------------------------
 
@@ -332,10 +307,8 @@ class Server:
             os.close(go_w)
             return self._child_job(conn, request, fds, go_r)
         os.close(go_r)
-        try:
+        with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
-        except OSError:
-            pass
         self.children[pid] = conn
         try:
             send(conn, {"pid": pid, "preloaded": len(self.preloaded),
@@ -347,10 +320,8 @@ class Server:
             # the client gave up before the hand-over (its deadline): it runs plainly; the
             # child never starts the program
             os.close(go_w)
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
             return None
         os.write(go_w, b"g")
         os.close(go_w)
@@ -360,20 +331,16 @@ class Server:
         self.last_used = time.time()
         self.meta["last_used"] = self.last_used
         self.meta["runs"] = self.meta.get("runs", 0) + 1
-        try:
-            self._write_meta()
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            write_json(self.files["meta"], self.meta)
         return None
 
     def _child_job(self, conn: socket.socket, request: dict[str, Any], fds: list[int],
                    go_r: int) -> dict[str, Any]:
         """In the child, right after the fork: drop every resource of the server; what
         :func:`kiln_warm._child.run_child` needs."""
-        try:
+        with contextlib.suppress(OSError):
             os.setpgid(0, 0)
-        except OSError:
-            pass
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)

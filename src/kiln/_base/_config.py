@@ -185,12 +185,10 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             ) from None
     if name in ("max_size", "pickle_max_size"):
         return parse_size(value, name=where)
-    if name in ("explain", "verify", "strict", "tier_up", "jax_cache", "replace_jit",
-                "eager"):
-        return _parse_bool(name, value) if from_env else bool(value)
-    if name == "progress":
-        if value is None:
-            return None
+    if name == "progress" and value is None:
+        return None
+    if name in ("explain", "verify", "strict", "tier_up", "jax_cache", "replace_jit", "eager",
+                "progress"):
         return _parse_bool(name, value) if from_env else bool(value)
     if name == "store":
         if value in (None, ""):

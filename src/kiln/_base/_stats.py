@@ -123,6 +123,8 @@ class Stats:
 
 _stats = Stats()
 _lock = threading.Lock()
+_hot_offset = 0  # _hot_calls() at the last reset_stats
+_hot_counters: list[Callable[[], int]] = []
 
 
 def stats() -> Stats:
@@ -131,9 +133,6 @@ def stats() -> Stats:
         return dataclasses.replace(
             _stats, calls_hot=_hot_calls() - _hot_offset, reasons=Counter(_stats.reasons)
         )
-
-
-_hot_offset = 0
 
 
 def reset_stats() -> None:
@@ -148,9 +147,6 @@ def bump(**kwargs: float) -> None:
     with _lock:
         for name, value in kwargs.items():
             setattr(_stats, name, getattr(_stats, name) + value)
-
-
-_hot_counters: list[Callable[[], int]] = []
 
 
 def register_hot_counter(read: Callable[[], int]) -> None:

@@ -1,16 +1,12 @@
-"""What the verbs share: how one fails, the process settings it runs under, the store it works
-on."""
+"""What the verbs share: how one fails, the store it works on, JAX started where it runs."""
 
 from __future__ import annotations
-
-import contextlib
-from typing import Any
 
 from .. import stores
 from .._base import _config
 from ..stores import Checkable, Store
 
-__all__ = ["Failure", "configured", "open_store", "start_jax"]
+__all__ = ["Failure", "open_store", "start_jax"]
 
 
 class Failure(Exception):
@@ -19,13 +15,6 @@ class Failure(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-def configured(**settings: Any) -> contextlib.AbstractContextManager[None]:
-    """Process-wide settings for the duration of a verb, restored afterwards (so calling
-    :func:`kiln._cli.main` twice in one process does not leak ``--cache-dir`` into the next
-    call)."""
-    return _config.process_settings(**settings)
 
 
 def open_store() -> Store:

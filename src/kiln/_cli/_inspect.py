@@ -77,11 +77,8 @@ def _rows(store: Store) -> list[_Row]:
             header = store.header(key)
         except ValueError:  # a file in the store that is not named like a key
             st, header = None, None
-        if st is None and header is None:
-            # Vanished since iter() (pruned concurrently), or not an entry at all.
-            if not is_key(key):
-                rows.append(_Row(key, "unreadable", "<unreadable>", "-", 0, None, None, None))
-            continue
+        if st is None and header is None and is_key(key):
+            continue  # vanished since iter() (pruned concurrently); a non-key is unreadable
         size = st.size if st else 0
         created = st.created if st else None
         last_used = st.last_used if st else None
@@ -246,8 +243,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         functions=dict(sorted(functions.items())),
         machines=dict(sorted(Counter(r.machine for r in rows if r.machine).items())),
         verify_only_markers=sum(r.kind == "verify-only" for r in rows),
-        not_stored={r.function: _marker_reason(store, r.key) for r in rows
-                    if r.kind == "unstorable"},
+        not_stored={r.function: str((store.header(r.key) or {}).get("reason", "?"))
+                    for r in rows if r.kind == "unstorable"},
         unreadable=sum(r.kind == "unreadable" for r in rows),
         stray_files=len(inventory.strays(store)),
         temp_files=temp_files,
@@ -255,11 +252,6 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         counters=dict(sorted(store.counts().items())) if isinstance(store, Counting) else {},
     ), as_json=args.json)
     return 0
-
-
-def _marker_reason(store: Store, key: str) -> str:
-    header = store.header(key) or {}
-    return str(header.get("reason", "?"))
 
 
 @dataclasses.dataclass(frozen=True)

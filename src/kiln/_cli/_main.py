@@ -10,9 +10,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .._base import KilnError, KilnWarning
+from .._base import KilnError, KilnWarning, _config
 from . import _bundles, _demo, _inspect, _maintain, _run, _server
-from ._common import Failure, configured
+from ._common import Failure
 from ._render import note
 
 __all__ = ["main"]
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else 2
-    try:
-        with configured(cache_dir=args.cache_dir, store=args.store), \
+    try:  # (settings restored after: a second main() in this process starts afresh)
+        with _config.process_settings(cache_dir=args.cache_dir, store=args.store), \
                 warnings.catch_warnings():
             warnings.showwarning = _show_warning(warnings.showwarning)
             return int(args.func(args))
@@ -95,9 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except KilnError as e:
-        note(f"error: {e}")
-        return 1
-    except OSError as e:
+    except (KilnError, OSError) as e:
         note(f"error: {e}")
         return 1

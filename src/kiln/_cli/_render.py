@@ -84,13 +84,9 @@ def ago(seconds: float) -> str:
 def columns(rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
     """Plain aligned columns (two spaces apart, no trailing blanks): stable for pipes and tests."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for row in rows:
-        cells = [
-            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right, strict=True)
-        ]
-        out.append("  ".join(cells).rstrip())
-    return out
+    return ["  ".join(c.rjust(w) if r else c.ljust(w)
+                      for c, w, r in zip(row, widths, right, strict=True)).rstrip()
+            for row in rows]
 
 
 def count_entries(n: int) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import kiln_early
 
 from .._base import _config, _stats
-from ._common import Failure, configured, start_jax
+from ._common import Failure, start_jax
 from ._render import note
 
 __all__ = ["prepare", "register"]
@@ -94,11 +94,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     swapped = _prelude(args)
     from .._jit import _swap
 
-    settings: dict[str, Any] = {}
-    if args.explain:
-        settings["explain"] = True
-    if args.verify:
-        settings["verify"] = True
+    settings: dict[str, Any] = {k: True for k in ("explain", "verify") if getattr(args, k)}
     if sys.stderr.isatty() and _config.get_config().progress is None:
         settings["progress"] = True
     handler: logging.Handler | None = None
@@ -111,7 +107,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     before = _stats.stats()
     try:
-        with configured(**settings):
+        with _config.process_settings(**settings):
             if module is not None:
                 # as python -m: the current directory first on sys.path
                 sys.path.insert(0, os.getcwd())
@@ -119,7 +115,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 return _run_module(module)
             sys.argv = [script, *argv_rest]
             sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-            return _run_script(script)
+            return _run_main(lambda: runpy.run_path(script, run_name="__main__"), script)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         if swapped:
@@ -155,7 +151,7 @@ def prepare(argv: list[str]) -> None:
     from ._main import _parser
 
     args = _parser().parse_args(argv)
-    with configured(cache_dir=args.cache_dir, store=args.store):
+    with _config.process_settings(cache_dir=args.cache_dir, store=args.store):
         _prelude(args)
 
 
@@ -184,11 +180,6 @@ def _run_module(module: str) -> int:
         return 1
     return _run_main(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True),
                      found.origin or module)
-
-
-def _run_script(script: str) -> int:
-    """Run ``script`` as ``__main__``; the status ``python script`` would exit with."""
-    return _run_main(lambda: runpy.run_path(script, run_name="__main__"), script)
 
 
 def _run_main(run: Any, script: str) -> int:

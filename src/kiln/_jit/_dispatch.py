@@ -48,8 +48,7 @@ def _static_value(v: np.ndarray[Any, Any], digest: bytes) -> StaticValue:
         if len(_static_values) >= 4096:
             _static_values.clear()
         got = _static_values[digest] = StaticValue(v, digest)
-    else:
-        got.value = v
+    got.value = v
     return got
 
 
@@ -88,8 +87,7 @@ def _static_caller(
             return StaticValue(v, static_digest(v, argname=name).encode())
 
     name_list = sorted(names)
-    to_python = ((Unpersistable, StaticArgumentError) if by_value
-                 else (Unpersistable, StaticArgumentError, TypeError))
+    to_python = (Unpersistable, StaticArgumentError) + (() if by_value else (TypeError,))
 
     def call(*args: Any, **kwargs: Any) -> Any:
         # in the common case every static value is of a type jax hashes itself: nothing to do
@@ -97,11 +95,8 @@ def _static_caller(
             n = len(args)
             for i in nums:
                 if i < n and type(args[i]) not in _HASHABLE:
-                    listed = list(args)
-                    for j in nums:
-                        if j < n:
-                            listed[j] = give_hash(listed[j], str(j))
-                    args = tuple(listed)
+                    args = tuple(give_hash(a, str(j)) if j in nums else a
+                                 for j, a in enumerate(args))
                     break
             if kwargs:  # (a fresh dict on every call: changed in place)
                 for k in name_list:

@@ -222,9 +222,6 @@ class JitFunction:
         )
 
     # -- calling ------------------------------------------------------------------------------
-    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
-        return _prepare.prepare(self._options, self._name, args, kwargs)
-
     @_jax_compat.api_boundary
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # where there is no C++ dispatcher (negative static_argnums); else __init__ makes it
@@ -233,7 +230,7 @@ class JitFunction:
 
     def _python_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
         """(outputs, executable for the C++ cache or None)."""
-        call = self._prepare(args, kwargs)
+        call = _prepare.prepare(self._options, self._name, args, kwargs)
         if call.key is TO_JAX:
             return self._jax_jit(*unwrapped(args), **unwrapped(kwargs)), None
         if call.key is None:
@@ -294,7 +291,7 @@ class JitFunction:
             >>> f(jnp.ones(3)).tolist()
             [2.0, 2.0, 2.0]
         """
-        call = self._prepare(args, kwargs)
+        call = _prepare.prepare(self._options, self._name, args, kwargs)
         if call.key is TO_JAX:
             self._jax_jit.trace(*args, **kwargs)  # jax's TypeError naming the argument
         if call.key is None or call.key is TO_JAX:
@@ -311,15 +308,13 @@ class JitFunction:
         Under a transformation, or with arguments kiln.jit does not take, this is jax.jit's own
         ``lower`` (jax's ``Lowered``, or jax's error).
         """
-        call = self._prepare(args, kwargs)
+        call = _prepare.prepare(self._options, self._name, args, kwargs)
         if call.key is None or call.key is TO_JAX:
             return self._jax_jit.lower(*args, **kwargs)
-        made: list[Miss] = []
 
+        @functools.cache
         def miss() -> Miss:
-            if not made:
-                made.append(Miss(self._request(call)))
-            return made[0]
+            return Miss(self._request(call))
 
         def lower_program() -> jax.stages.Lowered:
             return miss().lower()  # type: ignore[no-any-return]
@@ -335,19 +330,16 @@ class JitFunction:
             check = _prepare.aot_check(self._options, self._name, call)
             return _stages.Compiled(executable, check, lower_program, lowered)
 
-        def lower_as_jax() -> jax.stages.Lowered:
-            # JAX's own lowering of the call as written (args_info, in_tree, ...); filter_jit's
-            # description is kiln's lowered program of the leaves, as equinox's
-            return self._jax_jit.lower(*args, **kwargs)
-
-        lowered = _stages.Lowered(lower_program, compile,
-                                  None if self._options.filter_jit else lower_as_jax)
+        # JAX's own lowering of the call as written (args_info, in_tree, ...); filter_jit's
+        # description is kiln's lowered program of the leaves, as equinox's
+        lowered = _stages.Lowered(lower_program, compile, None if self._options.filter_jit
+                                  else functools.partial(self._jax_jit.lower, *args, **kwargs))
         return lowered
 
     def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
         """``jax.jit(fun).trace(...)``: jax's ``Traced`` (``jaxpr``, ``lower()``) for these
         arguments, with kiln's static argument handling; nothing is stored."""
-        call = self._prepare(args, kwargs)
+        call = _prepare.prepare(self._options, self._name, args, kwargs)
         if call.key is TO_JAX or (not self._options.filter_jit and not call.statics):
             return self._jax_jit.trace(*args, **kwargs)
         if not self._options.filter_jit:
@@ -409,8 +401,7 @@ class JitFunction:
                     f"{self._name}: first call in this process{hint}")
         paths = _args.leaf_paths(self._options.positional, call.dyn_args, call.dyn_kwargs,
                                  call.statics)
-        key = call.key
-        new = (key.treedef, paths, key.sigs, key.static_key)
+        new = (call.key.treedef, paths, call.key.sigs, call.key.static_key)
         seen = [(k.treedef, paths, k.sigs, k.static_key) for k in self._table]
         return "signature", _explain.describe_signature_change(self._name, new, seen)
 

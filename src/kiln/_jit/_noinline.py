@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from .._base import KilnError
+from .._keys import check_argnames, static_digest
 from .._miss import DERIVE, Sub, avals_of, derived_name, noinline_p, split_linear
 from .._travel import _pickling
 from . import _api
@@ -71,8 +72,6 @@ class NoinlineFunction:
             params = list(inspect.signature(fun).parameters.values())
         except (TypeError, ValueError):
             params = []
-        from .._keys import check_argnames
-
         check_argnames(fun, params, [("static_argnames", n) for n in sorted(self._static_argnames)],
                        prefix="kiln.noinline: ")
         # positional parameters, so a static argument may be passed by position too
@@ -105,8 +104,7 @@ class NoinlineFunction:
         entries = [e for sub in subs for per_miss in list(sub.jit._entries)
                    for e in list(per_miss)]
         return (_unpickle, (_pickling.portable(self._fun), sorted(self._static_argnames),
-                            self._tier_up,
-                            _pickling.carried_entries(entries)))
+                            self._tier_up, _pickling.carried_entries(entries)))
 
     def dynamic(self) -> DynamicNoinline:
         """This function as a dynamic argument of a jitted program: exchanging it for another
@@ -150,8 +148,6 @@ class NoinlineFunction:
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """(leaves, (treedef, statics, static_key), sub-function, output tree)."""
-        from .._keys import static_digest
-
         # arguments that can be passed by name are, so f(x, 2, y) and f(x, n=2, y=y) share
         # one sub-function, and a static argument may be passed by position
         only = sum(1 for _, po in self._positional if po)
@@ -171,9 +167,7 @@ class NoinlineFunction:
                 f"{name!r} by keyword (it is positional-only or followed by *args)"
             )
         statics = {k: kwargs.pop(k) for k in list(kwargs) if k in self._static_argnames}
-        static_key = tuple(
-            (k, static_digest(v, argname=k)) for k, v in sorted(statics.items())
-        )
+        static_key = tuple((k, static_digest(v, argname=k)) for k, v in sorted(statics.items()))
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         sub, out = self._sub(treedef, statics, static_key)
         avals = tuple(avals_of([jax.typeof(x) for x in leaves]))

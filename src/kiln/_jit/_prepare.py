@@ -81,25 +81,12 @@ def prepare(options: JitOptions, name: str, args: tuple[Any, ...],
 def _split(
     options: JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any], tuple[tuple[Any, Any], ...]]:
-    statics: list[tuple[Any, Any]] = []
-    if options.static_argnums:
-        dyn = []
-        n = len(args)
-        for i, a in enumerate(args):
-            if i in options.static_argnums or (i - n) in options.static_argnums:
-                statics.append((i, a.value if type(a) is StaticValue else a))
-            else:
-                dyn.append(a)
-        args = tuple(dyn)
-    if options.static_argnames and kwargs:
-        dkw = {}
-        for k, v in kwargs.items():
-            if k in options.static_argnames:
-                statics.append((k, v.value if type(v) is StaticValue else v))
-            else:
-                dkw[k] = v
-        kwargs = dkw
-    return args, kwargs, tuple(statics)
+    n, nums, names = len(args), options.static_argnums, options.static_argnames
+    at = [i for i in range(n) if i in nums or (i - n) in nums]
+    statics = [(i, args[i]) for i in at] + [(k, v) for k, v in kwargs.items() if k in names]
+    return (tuple(a for i, a in enumerate(args) if i not in at),
+            {k: v for k, v in kwargs.items() if k not in names},
+            tuple((w, v.value if type(v) is StaticValue else v) for w, v in statics))
 
 
 def _static_key(
@@ -134,9 +121,9 @@ def _static_leaves(
 ) -> tuple[tuple[Any, ...], list[Any]]:
     """Split non-JAX leaves off as static (keyed by value), keeping the array leaves."""
     idx = [i for i, s in enumerate(sigs) if s is STATIC_LEAF]
-    paths = None
+    statics = [(("leaf", i), leaves[i]) for i in idx]
     try:
-        key = _static_key(options, name, [(("leaf", i), leaves[i]) for i in idx])
+        key = _static_key(options, name, statics)
     except StaticArgumentError:
         paths = [
             "args" + jax.tree_util.keystr(p)
@@ -145,7 +132,7 @@ def _static_leaves(
             )[0]
         ]
         names = [paths[i] if i < len(paths) else f"leaf {i}" for i in idx]
-        key = _static_key(options, name, [(("leaf", i), leaves[i]) for i in idx], names)
+        key = _static_key(options, name, statics, names)
     return key, [x for x, s in zip(leaves, sigs, strict=True) if s is not STATIC_LEAF]
 
 
@@ -154,9 +141,7 @@ def _in_shardings_fit(options: JitOptions, dyn_args: tuple[Any, ...],
     """in_shardings applies: no dynamic keyword arguments, and one entry per dynamic
     positional argument (else jax.jit's own error is raised)."""
     spec = options.in_shardings
-    if dyn_kwargs:
-        return False
-    return not isinstance(spec, tuple | list) or len(spec) == len(dyn_args)
+    return not dyn_kwargs and (not isinstance(spec, tuple | list) or len(spec) == len(dyn_args))
 
 
 def aot_check(

@@ -7,6 +7,7 @@ These classes know nothing of kiln.jit's internals: ``_jit`` hands them the call
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -51,11 +52,9 @@ class Lowered:
         """JAX's lowering of the call as written; kiln's where JAX has none (filter_jit, static
         arrays by value)."""
         if self._jax_lowered is None:
-            try:
-                self._jax_lowered = (self._lower_as_jax() if self._lower_as_jax is not None
-                                     else None)
-            except Exception:  # noqa: BLE001 - static arrays by value: jax.jit refuses
-                pass
+            with contextlib.suppress(Exception):  # static arrays by value: jax.jit refuses
+                if self._lower_as_jax is not None:
+                    self._jax_lowered = self._lower_as_jax()
             if self._jax_lowered is None:
                 self._jax_lowered = self._lower()
         return self._jax_lowered
@@ -112,9 +111,7 @@ class Compiled:
         return self._call(*self._check(args, kwargs))
 
     def _jax_compiled(self) -> Any:
-        if isinstance(self._call, jax.stages.Compiled):
-            return self._call
-        return None
+        return self._call if isinstance(self._call, jax.stages.Compiled) else None
 
     def as_text(self) -> str | None:
         """The optimized HLO text of the executable (``jax.stages.Compiled.as_text``)."""
@@ -124,11 +121,9 @@ class Compiled:
     def cost_analysis(self) -> Any:
         """XLA's cost estimate of the executable (flops, bytes accessed)."""
         got = self._jax_compiled()
-        if got is not None:
-            try:
+        with contextlib.suppress(Exception):  # a deserialized executable may not say
+            if got is not None:
                 return got.cost_analysis()
-            except Exception:  # noqa: BLE001 - a deserialized executable may not say
-                pass
         return self._lower().cost_analysis()
 
     def memory_analysis(self) -> Any:

@@ -68,9 +68,6 @@ _INTERNAL = ("jax", "jaxlib", "jax_plugins", "kiln", "kiln_pytest")
 # jax.jit's keyword options kiln.jit takes (jax 0.10 to 0.12: all of them)
 _KILN_OPTIONS = frozenset(JIT_DEFAULTS)
 
-# jax.jit's function attributes served by the plain jax.jit of the function
-_JAX_ATTRIBUTES = ("lower", "trace", "eval_shape")
-
 _KEEP = "__kiln_keep_jax_jit__"
 _NOT_GIVEN: Any = object()
 
@@ -108,11 +105,9 @@ def _excluded(fun: Any, caller: str) -> str | None:
         return None
     module, qualname = _name_of(fun)
     for rule in rules:
-        if ":" in rule:
-            mod, _, qual = rule.partition(":")
-            if module == mod and (qualname == qual or qualname.startswith(qual + ".")):
-                return f"excluded by {rule!r} (KILN_JIT_EXCLUDE)"
-        elif _under(caller, rule) or _under(module, rule):
+        mod, colon, qual = rule.partition(":")  # "module:qualname", or a module prefix
+        if (module == mod and (qualname == qual or qualname.startswith(qual + ".")) if colon
+                else _under(caller, rule) or _under(module, rule)):
             return f"excluded by {rule!r} (KILN_JIT_EXCLUDE)"
     return None
 

@@ -6,6 +6,7 @@ structure with the static arguments bound."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable, Sequence
@@ -27,23 +28,13 @@ def _frozen(v: Any) -> Any:
     """A static value as it is now. What is traced from it is kept (per digest) for later
     signatures too, and an unhashable value (a numpy array, a list) may be changed in place
     after this call: keep a copy, so a later trace sees the value the key says."""
-    if isinstance(v, jax.Array):
-        return v  # immutable
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        pass
-    try:
-        return copy.deepcopy(v)
-    except Exception:  # noqa: BLE001 - cannot be copied: bound as it is
-        return v
-
-
-def _call_first(dyn: Sequence[Any], dkw: dict[str, Any]) -> Any:
-    """``_merge``'s call where the function is the hidden first argument (``traced_fun``:
-    filter_jit of a Module holding arrays), rebuilt from its traced arrays and static leaves."""
-    return dyn[0](*dyn[1:], **dkw)
+    if not isinstance(v, jax.Array):  # (immutable)
+        try:
+            hash(v)
+        except TypeError:
+            with contextlib.suppress(Exception):  # cannot be copied: bound as it is
+                return copy.deepcopy(v)
+    return v
 
 
 class JitWrappers:
@@ -61,14 +52,15 @@ class JitWrappers:
 
     def _merge(self, statics: tuple[tuple[Any, Any], ...], n_dyn: int) -> Callable[..., Any]:
         """``call(dyn_args, dyn_kwargs)`` that re-inserts the static arguments and calls fun."""
+        if self._options.traced_fun:
+            # fun is the hidden first argument (filter_jit of a Module holding arrays), rebuilt
+            # from its traced arrays and static leaves
+            return lambda dyn, dkw: dyn[0](*dyn[1:], **dkw)
         fun = self._fun
         pos = {w: _frozen(v) for w, v in statics if isinstance(w, int)}
         kw = {w: _frozen(v) for w, v in statics if isinstance(w, str)}
         total = n_dyn + len(pos)
         pos = {(w if w >= 0 else total + w): v for w, v in pos.items()}
-
-        if self._options.traced_fun:
-            return _call_first
 
         def call(dyn: Sequence[Any], dkw: dict[str, Any]) -> Any:
             it = iter(dyn)
@@ -92,8 +84,6 @@ class JitWrappers:
         def inner(*dyn: Any, **dkw: Any) -> Any:
             return merge(dyn, dkw)
 
-        inner.__name__ = getattr(self._fun, "__name__", "fun")
-        inner.__qualname__ = self._name
         self._name_as_jax(inner, call, {})
         return self._inner_jit(inner, donate_argnums=donate, donate_argnames=dnames or None)
 
@@ -151,24 +141,21 @@ class JitWrappers:
             box[abstract_sig(dyn_leaves)] = (out_tree, static_out)
             return [x for i, x in enumerate(out_leaves) if i not in static_out]
 
-        inner.__name__ = getattr(self._fun, "__name__", "fun")
-        inner.__qualname__ = self._name
         inner._kiln_runs = runs  # type: ignore[attr-defined]  # (Program.trace reads it)
         self._name_as_jax(inner, call, static_leaves)
-        donate = self.donated_leaves(call, static_leaves)
-        shardings = self._flat_shardings(treedef, static_leaves)
-        got = self._flat[cache_key] = (
-            direct, self._inner_jit(inner, donate_argnums=donate, **shardings), box
-        )
+        jitted = self._inner_jit(inner, donate_argnums=self.donated_leaves(call, static_leaves),
+                                 **self._flat_shardings(treedef, static_leaves))
+        got = self._flat[cache_key] = (direct, jitted, box)
         return got
 
     def _name_as_jax(self, wrapper: Callable[..., Any], call: Call,
                      static_leaves: dict[int, Any]) -> None:
-        """jax names fun and its arguments in what it says about ``wrapper`` (an error while
-        tracing, the lowered module), as for ``jax.jit(fun)`` called as ``call`` was: "the
-        function f at model.py:12", "the argument y['a']", not kiln's wrapper and its leaves."""
-        n_dyn = len(call.dyn_args)
-        total = n_dyn + sum(isinstance(w, int) for w, _ in call.statics)
+        """Name ``wrapper`` as fun; jax then names fun and its arguments in what it says of it
+        (an error while tracing, the lowered module) as for ``jax.jit(fun)`` called as ``call``
+        was: "the function f at model.py:12", "the argument y['a']", not kiln's leaves."""
+        wrapper.__name__ = getattr(self._fun, "__name__", "fun")
+        wrapper.__qualname__ = self._name
+        total = len(call.dyn_args) + sum(isinstance(w, int) for w, _ in call.statics)
         pos = {(w if w >= 0 else total + w): v for w, v in call.statics if isinstance(w, int)}
         it = iter(call.dyn_args)
         args = [pos[i] if i in pos else next(it) for i in range(total)]
@@ -192,9 +179,8 @@ class JitWrappers:
         spec = options.in_shardings
         if not isinstance(spec, tuple | list):
             spec = (spec,) * len(kids)
-        per_leaf: list[Any] = []
-        for prefix, child in zip(spec, kids, strict=True):
-            per_leaf += _jax_compat.broadcast_prefix(prefix, child)
+        per_leaf = [x for prefix, child in zip(spec, kids, strict=True)
+                    for x in _jax_compat.broadcast_prefix(prefix, child)]
         out["in_shardings"] = tuple(x for i, x in enumerate(per_leaf) if i not in static_leaves)
         return out
 
@@ -223,14 +209,11 @@ class JitWrappers:
         elif not (options.donate_argnums or options.donate_argnames):
             return ()
         dyn_positions = _args.dyn_positions(call.statics, len(call.dyn_args))
+        given = [i in options.donate_argnums for i in dyn_positions]
+        given += [name in options.donate_argnames for name in kwargs_def.node_data()[1] or []]
         start = 0
-        for j, child in enumerate(args_def.children()):
-            if dyn_positions[j] in options.donate_argnums:
-                donated += range(start, start + child.num_leaves)
-            start += child.num_leaves
-        names = kwargs_def.node_data()[1] or []
-        for name, child in zip(names, kwargs_def.children(), strict=True):
-            if name in options.donate_argnames:
+        for give, child in zip(given, args_def.children() + kwargs_def.children(), strict=True):
+            if give:
                 donated += range(start, start + child.num_leaves)
             start += child.num_leaves
         # renumber over dynamic (array) leaves only

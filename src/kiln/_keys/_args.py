@@ -99,10 +99,9 @@ def leaf_paths(
         if head == 0:
             j = rest[0].idx  # type: ignore[attr-defined]
             name = param_name(positional, positions[j]) if j < len(positions) else f"args[{j}]"
-            out.append(name + jax.tree_util.keystr(tuple(rest[1:])))
         else:
             name = str(getattr(rest[0], "key", rest[0]))
-            out.append(name + jax.tree_util.keystr(tuple(rest[1:])))
+        out.append(name + jax.tree_util.keystr(tuple(rest[1:])))
     return out
 
 
@@ -186,6 +185,5 @@ def filter_leaf_sig(x: Any) -> Any:
     return STATIC_LEAF
 
 
-# equinox.is_array: what filter_jit traces; every other leaf is static
 ARRAY_TYPES = (np.ndarray, np.generic, jax.Array)  # equinox.is_array: what filter_jit traces
 _SIG_TYPES = (*ARRAY_TYPES, jax.ShapeDtypeStruct)  # (precompile takes structs)

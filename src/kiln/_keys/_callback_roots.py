@@ -24,10 +24,12 @@ import dis
 import inspect
 import logging
 import types
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+from jax.experimental import io_callback
 
 __all__ = ["callback_only_names", "callback_roots", "log_only_names"]
 
@@ -43,26 +45,11 @@ _USES = _LOADS | frozenset({"LOAD_CLOSURE", "STORE_GLOBAL", "STORE_DEREF", "STOR
                             "LOAD_FROM_DICT_OR_GLOBALS", "LOAD_FAST_LOAD_FAST"})
 _JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
 # what could move the first argument or take it without lowering the depth
-_REORDER = frozenset({"SWAP", "ROT_TWO", "ROT_THREE", "ROT_FOUR", "ROT_N", "UNPACK_SEQUENCE",
-                      "UNPACK_EX"})
+_REORDER = frozenset({"SWAP", "UNPACK_SEQUENCE", "UNPACK_EX"})
 
 
-def _apis() -> tuple[Any, ...]:
-    found = [getattr(jax.debug, "callback", None), getattr(jax, "pure_callback", None)]
-    try:
-        from jax import experimental
-
-        found += [getattr(experimental, "io_callback", None),
-                  getattr(experimental, "pure_callback", None)]
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(f for f in found if f is not None)
-
-
-_API_OBJECTS = _apis()
+_API_OBJECTS = (jax.debug.callback, jax.pure_callback, io_callback)
 _cache: dict[tuple[types.CodeType, int], dict[str, frozenset[str]]] = {}
-
-
 _NONE: dict[str, frozenset[str]] = {}
 
 
@@ -106,9 +93,7 @@ def _resolve(fn: types.FunctionType, ins: dis.Instruction) -> Any:
     """The value a load of a global or closure variable gives (``_MISSING``: unknown)."""
     name = ins.argval
     if ins.opname == "LOAD_GLOBAL":
-        if name in fn.__globals__:
-            return fn.__globals__[name]
-        return _MISSING
+        return fn.__globals__.get(name, _MISSING)
     if ins.opname == "LOAD_DEREF" and name in fn.__code__.co_freevars:
         cell = fn.__closure__[fn.__code__.co_freevars.index(name)]  # type: ignore[index]
         try:
@@ -157,10 +142,7 @@ def _roots(fn: types.FunctionType) -> dict[str, frozenset[str]]:
     if not candidates:
         return _NONE
     uses = _uses(code)
-    nested = set()
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            nested |= _all_names(c)
+    nested = set().union(*(_all_names(c) for c in code.co_consts if isinstance(c, types.CodeType)))
     return {n: frozenset(attrs[n]) for n, k in candidates.items()
             if uses.get(n, 0) == k and n not in nested}
 
@@ -175,9 +157,7 @@ def _first_argument_root(fn: types.FunctionType, ins: list[dis.Instruction],
             "NULL"):
         return None  # (a load for a call: ``name(...)``)
     name = ins[j].argval
-    first_end = j
-    if first_end + 1 < len(ins) and ins[first_end + 1].opname in _ATTRS:
-        first_end += 1
+    first_end = j + 1 if j + 1 < len(ins) and ins[j + 1].opname in _ATTRS else j
     if ins[first_end].opname == "LOAD_METHOD" or not _whole_first_argument(ins, j, first_end):
         return None
     if first_end > j:
@@ -245,10 +225,7 @@ def callback_only_names(fn: types.FunctionType) -> frozenset[str]:
     for c in code.co_consts:
         if isinstance(c, types.CodeType) and c not in made:
             own |= _all_names(c) | _strings(c)
-    names: set[str] = set()
-    for c in made:
-        names |= _all_names(c)
-    return frozenset(names - own)
+    return frozenset(set().union(*map(_all_names, made)) - own)
 
 
 _MAKE_FUNCTION = frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"})
@@ -264,22 +241,16 @@ def _first_argument_code(ins: list[dis.Instruction], j: int) -> types.CodeType |
     if k >= len(ins) or ins[k].opname != "LOAD_CONST" or not isinstance(ins[k].argval,
                                                                        types.CodeType):
         return None
-    code = ins[k].argval
     first_end = k + 1
     while first_end < len(ins) and ins[first_end].opname in _MAKE_FUNCTION:
         first_end += 1
     first_end -= 1
-    if first_end == k or not _whole_first_argument(ins, j, first_end):
-        return None
-    return code
+    return ins[k].argval if first_end > k and _whole_first_argument(ins, j, first_end) else None
 
 
-def _uses(code: types.CodeType) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for i in _instructions(code):
-        if i.opname in _USES and isinstance(i.argval, str):
-            out[i.argval] = out.get(i.argval, 0) + 1
-    return out
+def _uses(code: types.CodeType) -> Counter[str]:
+    return Counter(i.argval for i in _instructions(code)
+                   if i.opname in _USES and isinstance(i.argval, str))
 
 
 def _all_names(code: types.CodeType) -> set[str]:
@@ -312,10 +283,8 @@ def log_only_names(fn: types.FunctionType) -> frozenset[str]:
 def _log_only(fn: types.FunctionType) -> frozenset[str]:
     code = fn.__code__
     ins = _instructions(code)
-    counts: dict[str, int] = {}
-    for j in _log_calls(fn, ins):
-        for name in _bare_global_arguments(ins, j, code.co_consts):
-            counts[name] = counts.get(name, 0) + 1
+    counts = Counter(name for j in _log_calls(fn, ins)
+                     for name in _bare_global_arguments(ins, j, code.co_consts))
     if not counts:
         return frozenset()
     uses = _uses(code)

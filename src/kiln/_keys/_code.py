@@ -81,22 +81,15 @@ def relative_imports(code: types.CodeType) -> tuple[tuple[int, str, tuple[str, .
 
 def module_strings(code: types.CodeType) -> set[str]:
     """String constants of ``code`` that name imported modules (``import_module("mod")``)."""
-    out = {c for c in code.co_consts if type(c) is str and c in sys.modules}
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= module_strings(c)
-    return out
+    return {c for k in nested_codes(code) for c in k.co_consts
+            if type(c) is str and c in sys.modules}
 
 
 @functools.lru_cache(maxsize=8192)
 def code_digest(code: types.CodeType) -> str:
-    """Digest of a code object: bytecode, constants (nested code recursively), names, arity.
-
-    Line numbers and file names are left out, so moving code does not change its digest.
-    Constants are hashed canonically (:func:`kiln._keys._hashing.static_digest`), never by ``repr``:
-    a ``frozenset`` constant (``x in {"a", "b"}``) has the same digest under every
-    ``PYTHONHASHSEED``.
-    """
+    """Digest of a code object (see the module doc). Constants are hashed canonically
+    (:func:`kiln._keys._hashing.static_digest`), never by ``repr``: a ``frozenset`` constant
+    (``x in {"a", "b"}``) has the same digest under every ``PYTHONHASHSEED``."""
     h = xxhash.xxh3_128()
     _feed_code(h, code)
     return h.hexdigest()

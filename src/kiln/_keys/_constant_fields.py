@@ -99,9 +99,7 @@ def _field_read(ins: list[dis.Instruction], j: int, mapping: bool) -> str | None
                 ins[j + 1].argval, str):
             return None
         rest = ins[j + 2:j + 4]
-        if rest and rest[0].opname in _CALLS and rest[0].arg == 1:
-            return ins[j + 1].argval
-        if len(rest) == 2 and rest[0].opname == "LOAD_CONST" and rest[1].opname in _CALLS \
-                and rest[1].arg == 2:
+        if (rest and rest[0].opname in _CALLS and rest[0].arg == 1) or (len(rest) == 2 and
+                rest[0].opname == "LOAD_CONST" and rest[1].opname in _CALLS and rest[1].arg == 2):
             return ins[j + 1].argval
     return None

@@ -58,7 +58,7 @@ import xxhash
 
 from ._code import code_names
 from ._libraries import KILN_ROOT, installed_path
-from ._reads._state import _caller_is_machinery
+from ._reads._state import _caller_is_machinery, _frame, _swap
 
 __all__ = ["ENV", "EnvWatch", "LIBGLOBALS", "check_env", "check_library_globals",
            "library_globals"]
@@ -85,10 +85,9 @@ _open = 0  # recordings open in the process: the wrappers are in place while > 0
 def _value_now(name: str) -> str | None:
     """``os.environ[name]`` now (None: not set), through the original method."""
     try:
-        value: str = _getitem(os.environ, name)
+        return _getitem(os.environ, name)
     except KeyError:
         return None
-    return value
 
 
 def _digest(value: str | None) -> str:
@@ -100,10 +99,9 @@ def _digest(value: str | None) -> str:
 def _whole_digest() -> str:
     """Every variable's name and value, in the environment's order."""
     h = xxhash.xxh3_128()
-    env = os.environ
-    for name in list(_iter(env)):
+    for name in list(_iter(os.environ)):
         try:
-            value = _getitem(env, name)
+            value = _getitem(os.environ, name)
         except KeyError:  # unset by another thread meanwhile
             continue
         h.update(name.encode("utf-8", "surrogateescape") + b"=")
@@ -122,10 +120,7 @@ def _watches(env: Any) -> tuple[EnvWatch, ...]:
 
 
 def _record(watches: tuple[EnvWatch, ...], name: Any) -> None:
-    try:
-        caller = sys._getframe(3)  # _record <- _note <- the wrapper <- its caller
-    except ValueError:
-        caller = None
+    caller = _frame(3)  # _record <- _note <- the wrapper <- its caller
     if _caller_is_machinery(caller) or _caller_is_jax(caller):
         return
     if name is None:
@@ -194,32 +189,16 @@ def _watched(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return watched
 
 
-_WRAPPERS = tuple((name, original, _watched(name, original)) for name, original in (
+# put in place while a recording is open (the first opened; under ``_lock``)
+_WRAPPERS = tuple((_Environ, name, original, _watched(name, original)) for name, original in (
     ("__getitem__", _getitem), ("__iter__", _iter), ("__len__", _len), ("__repr__", _repr)))
 
 
-def _wrap() -> None:
-    """Put the wrappers in place (the first recording opened; under ``_lock``). A method that
-    someone else replaced since kiln was imported is left as it is (its reads are not seen)."""
-    for name, original, wrapper in _WRAPPERS:
-        if _Environ.__dict__.get(name) is original:
-            setattr(_Environ, name, wrapper)
-
-
-def _unwrap() -> None:
-    for name, original, wrapper in _WRAPPERS:
-        if _Environ.__dict__.get(name) is wrapper:
-            setattr(_Environ, name, original)
-
-
 class EnvWatch:
-    """Around a trace: the environment variables the tracing thread read (see the module doc).
-
-    ``items``, after the block: ``[name, "<env>", digest]`` for each variable read, and
-    ``["<environ>", "<env>", digest, "all"]`` when the whole environment was; ``unkeyable``:
-    why they cannot be keyed (a variable read changed before the block ended), else None.
-    Nests; a thread started by the trace is not followed (docs/never-stale.md).
-    """
+    """Around a trace: the environment variables the tracing thread read, as ``items`` after
+    the block (the module doc's ``<env>`` items); ``unkeyable``: why they cannot be keyed (a
+    variable read changed before the block ended), else None. Nests; a thread started by the
+    trace is not followed (docs/never-stale.md)."""
 
     def __init__(self) -> None:
         self.seen: dict[str, str] = {}  # name -> digest of its value when first read
@@ -234,7 +213,7 @@ class EnvWatch:
             _active.setdefault(self.thread, []).append(self)
             _open += 1
             if _open == 1:
-                _wrap()
+                _swap(_WRAPPERS, True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -248,7 +227,7 @@ class EnvWatch:
                 del _active[self.thread]
             _open -= 1
             if _open == 0:
-                _unwrap()
+                _swap(_WRAPPERS, False)
         if exc[0] is not None:
             return
         items = []
@@ -313,8 +292,7 @@ def _library_module_name(filename: str) -> str | None:
 def _plain_text(v: Any) -> str | None:
     """A plain value as keyed text, None for any other value."""
     if isinstance(v, enum.Enum):
-        cls = type(v)
-        return f"enum:{cls.__module__}.{cls.__qualname__}.{v.name}"
+        return f"enum:{type(v).__module__}.{type(v).__qualname__}.{v.name}"
     if type(v) in _PLAIN:
         return f"{type(v).__name__}:{v!r}"
     return None

@@ -69,18 +69,14 @@ _EXTRA_CONFIG = (
 def _static_environment() -> tuple[tuple[str, str], ...]:
     devices = jax.devices()
     d0 = devices[0]
-    backend = d0.client
     return (
         ("format", str(FORMAT_VERSION)),
         ("kiln", _version.__version__),
         ("jax", jax.__version__),
         ("jaxlib", jaxlib.__version__),
-        ("backend", f"{backend.platform} {backend.platform_version}"),
+        ("backend", f"{d0.client.platform} {d0.client.platform_version}"),
         ("device", f"{d0.device_kind} x{len(devices)}"),
-        # a multi-process job's topology (jax.distributed): the same in every process of the
-        # job, never the process index, so the job's processes share one entry
         ("processes", f"{jax.process_count()} x{jax.local_device_count()}"),
-        # a fleet mixes machine kinds: an entry is only loaded on the kind it was compiled for
         ("machine", machine_part(d0)),
     )
 
@@ -92,8 +88,7 @@ def _default_client() -> Any:
 
 
 def machine() -> str:
-    """This process's ``machine`` key part (its default backend's;
-    see :mod:`kiln._keys._machine`)."""
+    """This process's ``machine`` key part (its default backend's: :mod:`kiln._keys._machine`)."""
     return dict(_static_environment())["machine"]
 
 
@@ -103,8 +98,7 @@ def environment_parts() -> list[tuple[str, str]]:
     parts = list(_static_environment())
     parts += [(f"config:{n}", v) for n, v in _jax_compat.trace_context()]
     # config that changes tracing but is not in jax's trace context (jax 0.10.2)
-    for name in _EXTRA_CONFIG:
-        parts.append((f"config:{name}", repr(getattr(jax.config, name, None))))
+    parts += [(f"config:{n}", repr(getattr(jax.config, n, None))) for n in _EXTRA_CONFIG]
     parts += compile_settings_parts(_default_client())
     return parts
 
@@ -113,8 +107,7 @@ def make_key(parts: list[tuple[str, str]]) -> str:
     """sha256 hex digest over ``name=value`` lines, in order; logs each part at DEBUG."""
     h = hashlib.sha256()
     for name, value in parts:
-        line = f"{name}={value}\n".encode()
-        h.update(line)
+        h.update(f"{name}={value}\n".encode())
     key = h.hexdigest()
     if logger.isEnabledFor(logging.DEBUG):
         for name, value in parts:

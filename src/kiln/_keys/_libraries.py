@@ -62,11 +62,8 @@ KILN_ROOT = tuple(os.path.join(_SRC, name) + os.sep
 
 @functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
-    """True if ``filename`` is user code: not stdlib, not site-packages, not kiln itself.
-
-    Code compiled from a string (``python -c``, ``exec``, ``<stdin>``, notebook cells) is user
-    code: its bytecode is hashed like any other.
-    """
+    """True if ``filename`` is user code (see the module doc), as is code compiled from a
+    string (``python -c``, ``exec``, ``<stdin>``, notebook cells): its bytecode is hashed."""
     if not filename or filename.startswith("<"):
         return True
     if not os.path.isabs(filename) and not os.path.exists(filename):
@@ -84,10 +81,8 @@ def installed_path(filename: str) -> str | None:
     in (``flax/core/scope.py``; the longest such folder: site-packages lie inside the stdlib's),
     by its real path; None for any other file."""
     real = os.path.realpath(filename)
-    for root in sorted(LIB_ROOTS, key=len, reverse=True):
-        if real.startswith(root):
-            return real[len(root):]
-    return None
+    roots = sorted(LIB_ROOTS, key=len, reverse=True)
+    return next((real[len(root):] for root in roots if real.startswith(root)), None)
 
 
 def module_is_user(mod: types.ModuleType) -> bool:
@@ -151,9 +146,7 @@ def _providers(top: str) -> list[str]:
             key = top.lower().replace("-", "_")
             folders.sort(key=lambda e: key not in e.name.lower())
         for entry in folders:
-            if not entry.is_dir():
-                continue
-            if _folder_provides(entry.path, top):
+            if entry.is_dir() and _folder_provides(entry.path, top):
                 try:
                     name = importlib.metadata.PathDistribution(
                         pathlib.Path(entry.path)).metadata["Name"]
@@ -215,8 +208,7 @@ def _top_level_version(top: str) -> str:
         return f"python=={sys.version.split()[0]}"
     # Most distributions are named like their top-level package (jax, numpy, equinox): ask
     # for that first, then the distributions beside it (_providers).
-    candidates = [top, top.replace("_", "-")]
-    for name in candidates:
+    for name in (top, top.replace("_", "-")):
         try:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:

@@ -40,8 +40,9 @@ _X86_ISA = frozenset({
 _X86_PREFIXES = ("avx", "amx", "sse")
 # arm64 "Features" (Linux) that are not instruction-set extensions
 _ARM_NOT_ISA = frozenset({"evtstrm", "cpuid"})
-# x86 levels, newest first: the short name a machine kind is shown with
-_X86_LEVELS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4.2"))
+# x86 levels, newest first, then arm64's: the short name a machine kind is shown with
+_LEVELS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sse4_2", "sse4.2"),
+           ("sve2", "sve2"), ("sve", "sve"))
 
 
 def _is_isa(flag: str, arch: str) -> bool:
@@ -60,9 +61,8 @@ def _read_cpu_features() -> list[str]:
                     if name.strip().lower() in ("flags", "features"):  # x86 / arm64
                         return value.split()
         except OSError:
-            return []
-        return []
-    if sys.platform == "darwin":
+            pass
+    elif sys.platform == "darwin":
         if platform.machine() == "arm64":
             out = _sysctl(["hw.optional"])
             return [line.split(":")[0].rpartition(".")[2] for line in out.splitlines()
@@ -97,11 +97,7 @@ def cpu_kind() -> str:
     exactly when this text is the same."""
     arch = platform.machine().lower() or "unknown"
     features = cpu_features()
-    level = next((name for flag, name in _X86_LEVELS if flag in features), "")
-    if not level and "sve2" in features:
-        level = "sve2"
-    elif not level and "sve" in features:
-        level = "sve"
+    level = next((name for flag, name in _LEVELS if flag in features), "")
     digest = hashlib.sha256(" ".join(features).encode()).hexdigest()[:8]
     return " ".join(p for p in (arch, level, digest) if p)
 

@@ -72,7 +72,6 @@ def _module_names_by_file() -> dict[str, str]:
     return out
 
 
-
 def _resolve(module: str, qualname: str, namespaces: dict[str, Any] | None = None) -> Any:
     """The object at ``module`` + ``qualname``; for ``a.<locals>.b`` the enclosing ``a``.
 
@@ -82,9 +81,7 @@ def _resolve(module: str, qualname: str, namespaces: dict[str, Any] | None = Non
     (for a function unpickled by value, not the module of that name in this process). Returns
     None when nothing is found.
     """
-    mod = namespaces.get(module) if namespaces else None
-    if mod is None:
-        mod = sys.modules.get(module)
+    mod = (namespaces or {}).get(module) or sys.modules.get(module)
     if mod is None and module != "__main__":
         try:
             mod = importlib.import_module(module)
@@ -122,17 +119,16 @@ def _find_in_module(module: str, code: types.CodeType) -> str | None:
 
 
 def _contains(outer: types.CodeType, code: types.CodeType) -> bool:
-    if outer is code:
-        return True
-    return any(isinstance(c, types.CodeType) and _contains(c, code) for c in outer.co_consts)
+    return outer is code or any(isinstance(c, types.CodeType) and _contains(c, code)
+                                for c in outer.co_consts)
 
 
 def _walked_digest(walk: Callable[[Walker], None]) -> str:
-    """The sound digest of a fresh :class:`Walker` after ``walk(w)``; never raises anything
-    but :class:`Unpersistable` (the walk never raises into the user's call).
+    """The sound digest of a fresh :class:`Walker` after ``walk(w)``.
 
     Raises:
-        Unpersistable: some part has no canonical digest (or the walk failed on it).
+        Unpersistable: some part has no canonical digest, or the walk failed on it (nothing
+            else: the walk never raises into the user's call).
     """
     w = Walker()
     try:
@@ -143,11 +139,8 @@ def _walked_digest(walk: Callable[[Walker], None]) -> str:
 
 
 def _function_digest(fn: types.FunctionType) -> str:
-    """Full static walk of one manifest function: code, defaults, closure, globals, helpers.
-
-    Raises:
-        Unpersistable: some part has no canonical digest (or the walk failed on it).
-    """
+    """Full static walk of one manifest function: code, defaults, closure, globals, helpers
+    (raises as :func:`_walked_digest`)."""
     return _walked_digest(lambda w: function_code(w, fn))
 
 
@@ -160,29 +153,20 @@ def manifest_for(
     primitives: Sequence[Any] = (),
     library_codes: set[types.CodeType] | None = None,
 ) -> tuple[list[list[str]], str | None]:
-    """Manifest items for what the cold trace used that the static walk ``fp`` could not see.
+    """Manifest items (the module docstring's kinds) for what the cold trace used that the
+    static walk ``fp`` could not see: each user function whose code is in ``codes`` (the frames
+    that emitted the program's equations, :func:`kiln._base._jax_compat.codes_in_jaxpr`, and on
+    Python 3.12+ every user function that ran, :class:`TraceRecorder`) that the walk did not
+    cover; each user module ``imported`` while tracing, by the attributes any walked code reads;
+    the ``reads`` (:class:`kiln._keys._reads.ReadRecorder`), or ``read_reason`` why they cannot
+    be keyed; the rules of the ``primitives`` bound in the program
+    (:func:`kiln._base._jax_compat.primitives_in`); the config objects and plain module globals
+    of the installed libraries whose code is in ``codes``.
 
     ``library_codes``: the code whose library globals are keyed (default ``codes``); the
     functions that emitted the program's equations, on every Python (on 3.12+ ``codes`` also
     holds every library function that ran, and some keep run-time state in plain globals:
     keyed, a warm start of an unchanged program missed).
-
-    - ``[module, qualname, digest]`` for each user function whose code is in ``codes`` (the
-      frames that emitted the program's equations, :func:`kiln._base._jax_compat.codes_in_jaxpr`,
-      and on Python 3.12+ every user function that ran, :class:`TraceRecorder`) and that the
-      walk did not cover;
-    - ``[module, "<module>", digest, names]`` for each user module in ``imported`` (imported
-      while tracing, so the walk before the trace could not see it): the attributes ``names``
-      that any walked code reads, by value;
-    - ``reads``: the files and directories the trace read (``[path, "<file>" | "<dir>",
-      digest, stat]``) and the paths it checked (``[path, "<stat>", value, how]``),
-      :class:`kiln._keys._reads.ReadRecorder`, or ``read_reason`` why they cannot be keyed;
-    - ``["<jaxpr>", "<primitives>", digest, names]`` for the ``primitives`` bound in the
-      program (:func:`kiln._base._jax_compat.primitives_in`): their registered rules;
-    - ``[package, "<config>", digest]`` for each installed library whose code is in ``codes``
-      and that has a config object;
-    - ``[module, "<libglobals>", digest, names]`` for each installed library module whose code
-      is in ``codes`` and names plain module globals (:func:`kiln._keys._environ.library_globals`).
 
     Returns (items, reason): ``reason`` is not None when some of that code cannot be found
     again by module + qualname, or some read cannot be keyed (the fingerprint is then
@@ -426,11 +410,8 @@ def _library_shape(rule: Any) -> str | None:
 
 
 def _module_digest(mod: types.ModuleType, attrs: list[str]) -> str:
-    """Digest of attributes ``attrs`` of user module ``mod``, by value (a full walk each).
-
-    Raises:
-        Unpersistable: some part has no canonical digest.
-    """
+    """Digest of attributes ``attrs`` of user module ``mod``, by value (a full walk each;
+    raises as :func:`_walked_digest`)."""
     def walk(w: Walker) -> None:
         w.add(f"module:{mod.__name__}", ",".join(attrs))
         for attr in attrs:
@@ -451,9 +432,7 @@ def check_manifest(
     looked up where the function itself looks them up (a function unpickled by value carries its
     own globals, and this process's module of that name may not hold them).
     """
-    namespaces = None
-    if fun_globals is not None:
-        namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])}
+    namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])} if fun_globals else None
     for module, qualname, digest, *rest in items:
         check = _CHECKS.get(qualname)
         if check is not None:
@@ -479,9 +458,8 @@ def _check_primitives(_: str, digest: str, names: str) -> str | None:
         now = _primitives_digest(names.split(",") if names else [])
     except Unpersistable as e:
         return f"rules of the program's primitives: {e}"
-    if now != digest:
-        return "a rule registered for one of the program's primitives changed"
-    return None
+    return None if now == digest else (
+        "a rule registered for one of the program's primitives changed")
 
 
 def _check_config(module: str, digest: str, _: str) -> str | None:

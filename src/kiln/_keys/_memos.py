@@ -80,23 +80,13 @@ def _digest(held: list[Any]) -> str:
         if reason is not None:
             raise ValueError(reason)
         parts.append(digest)
-    h = xxhash.xxh3_128()
-    for d in sorted(parts):
-        h.update(d.encode())
-    return h.hexdigest()
-
-
-def _name(memo: Any) -> tuple[str, str]:
-    fn = memo.__wrapped__
-    return getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
+    return xxhash.xxh3_128("".join(sorted(parts)).encode()).hexdigest()
 
 
 class MemoWatch:
-    """Around a trace: the user memos it got values from (see the module docstring).
-
-    After the block: ``items``, ``[module, "<memo>", digest, qualname]`` for each memo whose
-    hits moved, by what it held when the trace began; ``reason``, why one cannot be keyed (it
-    holds what has no value, or cannot be found again by name), else None."""
+    """Around a trace: the user memos it got values from, as ``items`` after the block (see the
+    module docstring); ``reason``, why one cannot be keyed (it holds what has no value, or
+    cannot be found again by name), else None."""
 
     def __init__(self, memos: Sequence[Any]) -> None:
         self.memos = list(memos)
@@ -112,7 +102,8 @@ class MemoWatch:
         for memo, (hits, held) in zip(self.memos, self._before, strict=True):
             if memo.cache_info().hits == hits:
                 continue
-            module, qualname = _name(memo)
+            fn = memo.__wrapped__
+            module, qualname = getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
             if resolve_name(module, qualname) is not memo:
                 self.reason = self.reason or (
                     f"the trace got a value from the memo {module}.{qualname}, which cannot "
@@ -137,7 +128,6 @@ def check_memo(module: str, qualname: str, digest: str) -> str | None:
         now = _digest(_held(memo))
     except ValueError as e:
         return f"memo {module}.{qualname}: {e}"
-    if now != digest:
-        return (f"the trace got a value from the memo {module}.{qualname} (lru_cache), which "
-                "holds other values now")
-    return None
+    return None if now == digest else (
+        f"the trace got a value from the memo {module}.{qualname} (lru_cache), which holds "
+        "other values now")

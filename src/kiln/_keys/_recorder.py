@@ -1,11 +1,5 @@
-"""Recording a cold trace: what it used that a static walk before it cannot predict.
-
-A :class:`TraceRecorder` around the trace collects the user modules imported while tracing, on
-Python 3.12+ the code of every function that ran (``sys.monitoring``), the files and
-directories read (:mod:`kiln._keys._reads`) and the environment variables read
-(:mod:`kiln._keys._environ`); :func:`kiln._keys._manifest.manifest_for` turns them into manifest
-items.
-"""
+"""Recording a cold trace (:class:`TraceRecorder`): what it used that a static walk before it
+cannot predict, which :func:`kiln._keys._manifest.manifest_for` turns into manifest items."""
 
 from __future__ import annotations
 
@@ -52,10 +46,8 @@ class TraceRecorder:
       no such hook at a bearable price (``sys.setprofile`` added 60% to that trace), so there
       the manifest holds the functions that emitted equations only. Code that runs because
       a garbage collection happened during the trace (``gc.callbacks``, such as hypothesis's
-      timer of collections, finalizers, weakref callbacks) is not the trace's: it runs where
-      an allocation happened to cross a threshold, so it is left out (kiln's two callbacks
-      open and close every collection around the others').
-
+      timer of collections, finalizers, weakref callbacks) is not the trace's (it runs where an
+      allocation happened to cross a threshold): left out (:func:`_bracket_collections`).
     - ``reads``: files and databases this thread (and the threads it started while tracing)
       opened, directories it listed and paths it checked while tracing, as manifest items
       (:mod:`kiln._keys._reads`); ``read_reason`` says why they cannot be keyed (a socket, a

@@ -45,10 +45,7 @@ _GLOBALS: dict[str, Callable[[], Any]] = {
 
 def global_generator_name(v: Any) -> str | None:
     """The name of ``v`` if it is one of the process's global generators, else None."""
-    for name, find in _GLOBALS.items():
-        if find() is v:
-            return name
-    return None
+    return next((name for name, find in _GLOBALS.items() if find() is v), None)
 
 
 def _state_digest(v: Any) -> str:
@@ -59,9 +56,8 @@ def _state_digest(v: Any) -> str:
         h.update(f"{version}:{gauss!r}:".encode())
         h.update(np.asarray(internal, dtype=np.uint64).tobytes())
     else:
-        state = v.get_state(legacy=False) if isinstance(v, np.random.RandomState) else (
-            v.bit_generator.state)
-        _feed(h, state)
+        _feed(h, v.get_state(legacy=False) if isinstance(v, np.random.RandomState)
+              else v.bit_generator.state)
     return h.hexdigest()
 
 
@@ -78,10 +74,8 @@ def _feed(h: Any, v: Any) -> None:
 
 
 class RngWatch:
-    """Around a trace: which global generators it drew from (see the module docstring).
-
-    ``items``, after the block: ``[name, "<rng>", digest of the state before]`` for each
-    global generator whose state the block moved."""
+    """Around a trace: which global generators it drew from, as ``items`` after the block (see
+    the module docstring)."""
 
     def __init__(self) -> None:
         self.items: list[list[str]] = []
@@ -102,7 +96,6 @@ def check_rng(name: str, digest: str) -> str | None:
     find = _GLOBALS.get(name)
     if find is None:
         return f"random generator {name} is unknown to this kiln"
-    if _state_digest(find()) != digest:
-        return (f"the trace drew from {name} (numpy's or Python's global random generator), "
-                "whose state is not the one it drew from")
-    return None
+    return None if _state_digest(find()) == digest else (
+        f"the trace drew from {name} (numpy's or Python's global random generator), whose "
+        "state is not the one it drew from")

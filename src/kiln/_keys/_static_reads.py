@@ -33,6 +33,7 @@ patched. Not seen, and documented (``docs/never-stale.md``): a read that bypasse
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -95,8 +96,7 @@ _lock = threading.Lock()
 
 
 class StaticReadWatch:
-    """Around a trace: the fields each watched static object was read by (see the module
-    docstring).
+    """Around a trace: the fields each watched static object was read by (see the module doc).
 
     ``objects``: ``(name, value)`` of the static values to watch (each :func:`watchable`).
     ``ran``: a callable giving how many times the function body has run (the trace ran it
@@ -132,10 +132,8 @@ class StaticReadWatch:
                         patched.install()
                     except Exception:  # noqa: BLE001 - a class that refuses: whole state
                         self._failed = True
-                        try:
+                        with contextlib.suppress(Exception):  # (nothing was installed)
                             patched.remove()
-                        except Exception:  # noqa: BLE001 - (nothing was installed)
-                            pass
                         continue
                     _patched[cls] = patched
                 patched.watches.append(self)
@@ -166,10 +164,8 @@ def _fields_read(v: Any, names: set[str]) -> tuple[str, ...]:
     """The names in ``names`` that are fields of ``v``, or that are neither fields nor class
     attributes (a field read while absent: ``hasattr(self, "cache")``)."""
     state = vars(v)
-    cls = type(v)
     return tuple(sorted(n for n in names if n in state or not any(
-        n in vars(c) for c in cls.__mro__)))
-
+        n in vars(c) for c in type(v).__mro__)))
 
 
 def _state_digests(v: Any) -> dict[str, str]:

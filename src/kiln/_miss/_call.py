@@ -80,10 +80,8 @@ class Once:
         self.done = False
 
     def first(self) -> bool:
-        if self.done:
-            return False
-        self.done = True
-        return True
+        first, self.done = not self.done, True
+        return first
 
 
 @dataclasses.dataclass(frozen=True)

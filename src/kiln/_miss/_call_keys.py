@@ -64,14 +64,12 @@ class CallKeys:
         sigs = tuple(s for s in call.sigs if s is not _args.STATIC_LEAF)
         structure, extra = treedef_parts(call.treedef)
         signature = avals_text(sigs)
-        unsound = None
         statics = request.statics.all
         values = {_args.param_name(options.positional, where): value
                   for where, value in statics}
         leaf_paths = (_args.leaf_paths(options.positional, call.dyn_args, call.dyn_kwargs,
                                        statics) if request.statics.leaves else [])
-        static_parts, static_text = [], []
-        watched = []
+        static_parts, static_text, watched = [], [], []
         for keyname, digest in call.static_key:
             value = values[keyname]
             if isinstance(keyname, str):
@@ -114,11 +112,10 @@ class CallKeys:
         asked = hint is not None and bool(watched)
         found = hint(parts) if hint is not None and watched else None
         _take_reads(reads, found)
-        fun = request.fun
         t0 = time.perf_counter()
         # a function whose arrays are a hidden first argument (filter_jit of a Module: its
         # leaves and structure are keyed as an argument's) counts by its class's code
-        walked = type(fun) if options.traced_fun else fun
+        walked = type(request.fun) if options.traced_fun else request.fun
         fp = fingerprint(walked, extra=extra, reads=reads)
         if fp.watchable:
             # globals and a bound method's ``self`` that the walk met: keyed by the fields
@@ -132,9 +129,7 @@ class CallKeys:
             if any(f is not None for f in more.values()):
                 fp = fingerprint(walked, extra=extra, reads=reads)
         _stats.bump(fingerprint_seconds=time.perf_counter() - t0)
-        if not fp.sound and unsound is None:
-            unsound = fp.reason
-        return cls(parts, fp, signature, unsound, tuple(watched), reads)
+        return cls(parts, fp, signature, None if fp.sound else fp.reason, tuple(watched), reads)
 
     def reads_key(self) -> str:
         """The key of this call's ``static-reads`` record: the fields its watched static

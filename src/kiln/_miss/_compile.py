@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -94,10 +93,6 @@ def _read_sets(store: Store, cfg: Config, key: str) -> list[dict[str, Any]] | No
     return [r for r in sets if isinstance(r, dict)]
 
 
-def _given(reads: dict[str, Any], _parts: Any) -> dict[str, Any]:
-    return reads
-
-
 class _Miss:
     """One in-process miss of ``request``'s call: load from the store or compile, then store."""
 
@@ -139,7 +134,7 @@ class _Miss:
         """A hit under one of the record's other read sets (a read set that depends on the
         values: ``if self.use_bias: ... self.bias``), adopting its keys; None if none hits."""
         for reads in (self._hint_read or [])[1:]:
-            keys = CallKeys.of(self.request, hint=functools.partial(_given, reads))
+            keys = CallKeys.of(self.request, hint=lambda _: reads)  # noqa: B023 - called here
             if keys.unsound is not None or keys.reads == self.keys.reads:
                 continue
             with self.explain.quietly():
@@ -218,8 +213,7 @@ class _Miss:
 
     def _run(self) -> Any:
         t_start = time.perf_counter()
-        fp_key = None if self.unsound else self.keys.fingerprint_key()
-        self.fp_key = fp_key
+        self.fp_key = fp_key = None if self.unsound else self.keys.fingerprint_key()
         if fp_key is not None:
             got = self._load(fp_key)
             if got.outcome is Outcome.ABSENT:
@@ -310,7 +304,7 @@ class _Miss:
         nothing is keyed by the lowered module alone, as the verify path is (it is what the
         entry was compiled from), so a fingerprint that differs in every process costs no
         manifest (numpyro's ``_fori_collect_loop``: ~0.01 s of each warm start)."""
-        if not self.request.same_program_alias or self.policy.candidate():
+        if not self.request.same_program_alias or self.policy.candidate:
             return None  # (tier-up's forms are keyed by their own modules)
         alias_key = self.keys.alias_key()
         alias = self._kept(alias_key, self.reader.alias(alias_key, self._facts[alias_key])).entry
@@ -371,7 +365,7 @@ class _Miss:
             if got.outcome is Outcome.HIT:
                 return got.executable
             return self._trace_and_compile(self.fp_key, t_start)
-        if self.cfg.tier_up and self.policy.candidate():
+        if self.cfg.tier_up and self.policy.candidate:
             # its inlined form (compiled directly or by a tier-up) is stored under its own key
             self.inlined_key = self.keys.verify_key(self.program.inlined_facts[0], inlined=True)
             got = self._load(self.inlined_key)
@@ -467,7 +461,7 @@ class _Miss:
             result, written = self.writer.compile_and_write(
                 key, manifest, t_start, replace=Fact.REPLACE in self._facts[key],
                 alias=self._facts[self.keys.alias_key()],
-                tier_up_candidate=self.policy.candidate())
+                tier_up_candidate=self.policy.candidate)
         if written is None:  # a not-storable marker there: what is written next replaces it
             self._facts[key] |= Fact.REPLACE
         self._entries += written or []

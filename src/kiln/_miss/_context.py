@@ -19,16 +19,8 @@ __all__ = ["MissContext"]
 @dataclasses.dataclass(frozen=True)
 class MissContext:
     """One miss's inputs, as :class:`~._reader.EntryReader` and :class:`~._writer.EntryWriter`
-    read them (a tier-up's too: :class:`~._tier_up.Plan`).
-
-    Attributes:
-        request: what the miss reads of the function and the call.
-        cfg: the settings in force when the miss began.
-        store: the store it reads and writes.
-        program: the call's program (trace and lowerings).
-        keys: the call's keys.
-        explain: its explanations (``KILN_EXPLAIN``).
-    """
+    read them (a tier-up's too: :class:`~._tier_up.Plan`); ``cfg``: the settings in force when
+    the miss began, ``explain``: its explanations (``KILN_EXPLAIN``)."""
 
     request: Request
     cfg: Config

@@ -50,9 +50,8 @@ class Explainer:
         self.memory_reason: tuple[str, str] | None = None
 
     def __call__(self, kind: str, message: str) -> None:
-        if self.quiet:
-            return
-        explain(kind, f"{self.name}: {message}", explain_on=self.explain_on)
+        if not self.quiet:
+            explain(kind, f"{self.name}: {message}", explain_on=self.explain_on)
 
     @property
     def wanted(self) -> bool:
@@ -94,16 +93,11 @@ def describe_signature_change(
     Each signature is ``(treedef, leaf paths, leaf signatures, static items)``.
     """
     treedef, paths, leaves, statics = new
-    best = None
-    best_score = -1
-    for old in seen:
-        score = (old[0] == treedef) * 1000
-        score += sum(a == b for a, b in zip(old[2], leaves, strict=False))
-        score += sum(a == b for a, b in zip(old[3], statics, strict=False))
-        if score > best_score:
-            best, best_score = old, score
-    if best is None:
+    if not seen:
         return f"{name}: first call in this process"
+    best = max(seen, key=lambda old: (old[0] == treedef) * 1000
+               + sum(a == b for a, b in zip(old[2], leaves, strict=False))
+               + sum(a == b for a, b in zip(old[3], statics, strict=False)))
     changes = []
     if best[0] != treedef:
         changes.append(f"pytree structure changed: {best[0]} -> {treedef}")
@@ -130,9 +124,8 @@ def describe_persistent_miss(
     try:
         for other in store.iter():
             header = store.header(other)
-            if not header or header.get("function") != function:
-                continue
-            if header.get("kind") != "executable":  # a verify-only marker: no key parts
+            if (not header or header.get("function") != function
+                    or header.get("kind") != "executable"):  # a verify-only marker: no key parts
                 continue
             diff = diff_parts(
                 [p for p in parts if p[0] != "signature"] + list(fp_parts),
@@ -159,18 +152,13 @@ def describe_persistent_miss(
 # fingerprint parts that repeat a key part (static arguments) or only mark a position; a
 # static object's fields (``value:static:self.lr``) are its key, and are named
 def _noise(name: str) -> bool:
-    if name.startswith("extra:"):
-        return True
-    if name.startswith(("value:static:", "container:static:")):
-        return "." not in name.partition("static:")[2]
-    return False
+    return name.startswith("extra:") or (name.startswith(("value:static:", "container:static:"))
+                                         and "." not in name.partition("static:")[2])
 
 
 def _short(v: str | None) -> str | None:
     """Hex digests shortened to 12 characters."""
-    if is_key(v, digest=True):
-        return short_key(v)
-    return v
+    return short_key(v) if is_key(v, digest=True) else v
 
 
 def diff_parts(

@@ -58,11 +58,10 @@ class _Sub:
     def jaxpr(self, in_avals: Sequence[Any]) -> Any:
         """The closed jaxpr of this function at ``in_avals`` (traced once per signature)."""
         key = tuple(in_avals)
-        got = self._jaxprs.get(key)
-        if got is None:
+        if key not in self._jaxprs:
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
-            got = self._jaxprs[key] = jax.make_jaxpr(self.flat_fun)(*structs)
-        return got
+            self._jaxprs[key] = jax.make_jaxpr(self.flat_fun)(*structs)
+        return self._jaxprs[key]
 
     def outavals_of(self, in_avals: Sequence[Any]) -> list[Any]:
         return [jax.core.ShapedArray(o.shape, o.dtype) for o in self.jaxpr(in_avals).out_avals]
@@ -89,30 +88,31 @@ class _Sub:
         """A ``jax.jit`` of this function's jaxpr: what tier-up lowers in place of the callback
         (one outlined function per program, like a nested ``jax.jit``)."""
         key = tuple(in_avals)
-        got = self._inline_fns.get(key)
-        if got is None:
+        if key not in self._inline_fns:
             run = _jax_compat.jaxpr_as_fun(self.jaxpr(in_avals))
 
             def inlined(*xs: Any) -> Any:
                 return run(*xs)
 
             inlined.__name__ = inlined.__qualname__ = self.name.replace("[noinline", "[inlined")
-            got = self._inline_fns[key] = jax.jit(inlined)
-        return got
+            self._inline_fns[key] = jax.jit(inlined)
+        return self._inline_fns[key]
 
     def inlined_size(self, in_avals: Sequence[Any]) -> int:
         """Equations in this function once every tier-up noinline call in it is inlined."""
         key = tuple(in_avals)
-        got = self._sizes.get(key)
-        if got is None:
-            got = self._sizes[key] = inlined_size(self.jaxpr(in_avals).jaxpr)
-        return got
+        if key not in self._sizes:
+            self._sizes[key] = inlined_size(self.jaxpr(in_avals).jaxpr)
+        return self._sizes[key]
 
-    def derived(self, key: Any, make: Callable[[], _Sub]) -> _Sub:
+    def derived(self, key: Any, what: str, flat_fun: Callable[..., Any]) -> _Sub:
+        """The function derived from this one as ``key`` says (``what``: its name's suffix),
+        made of ``flat_fun`` the first time."""
         with self._lock:
             sub = self._derived.get(key)
             if sub is None:
-                sub = self._derived[key] = make()
+                sub = self._derived[key] = _Sub(flat_fun, derived_name(self.name, what),
+                                                self.module, self.make_jit, tier_up=self.tier_up)
             return sub
 
     def __call__(self, *leaves: Any) -> list[Any]:
@@ -217,12 +217,8 @@ def inlined_size(jaxpr: Any) -> int:
 def called_names(jaxpr: Any) -> list[str]:
     """``module.name`` of every noinline function ``jaxpr`` calls directly (as their entries
     are named in the store; ``(argument)`` for functions passed as arguments), for ``kiln ls``."""
-    names = set()
-    for eqn in _jax_compat.eqns_in(jaxpr):
-        fn = eqn.params.get("fn") if eqn.primitive is noinline_p else None
-        if fn is not None:
-            names.add(fn.called_name())
-    return sorted(names)
+    return sorted({eqn.params["fn"].called_name() for eqn in _jax_compat.eqns_in(jaxpr)
+                   if eqn.primitive is noinline_p and eqn.params.get("fn") is not None})
 
 
 def separate_size(jaxpr: Any) -> int:
@@ -254,52 +250,40 @@ def calls_in(jaxpr: Any) -> list[tuple[_Sub, Any]]:
 def _jvp_sub(fn: _Sub, n: int) -> _Sub:
     """The tangent part of ``fn`` (``n`` primals): ``(*primals, *tangents) -> tangents_out``."""
 
-    def make() -> _Sub:
-        def tangent_part(*pt: Any) -> list[Any]:
-            _, t_out = jax.jvp(fn.flat_fun, tuple(pt[:n]), tuple(pt[n:]))
-            return list(t_out)
+    def tangent_part(*pt: Any) -> list[Any]:
+        _, t_out = jax.jvp(fn.flat_fun, tuple(pt[:n]), tuple(pt[n:]))
+        return list(t_out)
 
-        return _Sub(tangent_part, derived_name(fn.name, "jvp"), fn.module, fn.make_jit,
-                    tier_up=fn.tier_up)
-
-    return fn.derived("jvp", make)
+    return fn.derived("jvp", "jvp", tangent_part)
 
 
 def _transpose_sub(fn: _Sub, linear: tuple[bool, ...], lin_shapes: tuple[Any, ...]) -> _Sub:
     """The transpose of ``fn`` in its ``linear`` arguments: ``(*known, *cts) -> cts_linear``."""
     n_known = len(linear) - len(lin_shapes)
 
-    def make() -> _Sub:
-        def transposed(*kc: Any) -> list[Any]:
-            k, c = kc[:n_known], kc[n_known:]
+    def transposed(*kc: Any) -> list[Any]:
+        k, c = kc[:n_known], kc[n_known:]
 
-            def of_linear(*lin_args: Any) -> list[Any]:
-                it_k, it_l = iter(k), iter(lin_args)
-                full = [next(it_l) if lin else next(it_k) for lin in linear]
-                return fn.flat_fun(*full)
+        def of_linear(*lin_args: Any) -> list[Any]:
+            it_k, it_l = iter(k), iter(lin_args)
+            full = [next(it_l) if lin else next(it_k) for lin in linear]
+            return fn.flat_fun(*full)
 
-            # linear_transpose rather than a vjp at zeros: the jvp of a custom_vjp function
-            # (diffrax's checkpointed loops) is a custom_lin, transposable, not differentiable
-            structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in lin_shapes]
-            return list(jax.linear_transpose(of_linear, *structs)(list(c)))
+        # linear_transpose rather than a vjp at zeros: the jvp of a custom_vjp function
+        # (diffrax's checkpointed loops) is a custom_lin, transposable, not differentiable
+        structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in lin_shapes]
+        return list(jax.linear_transpose(of_linear, *structs)(list(c)))
 
-        return _Sub(transposed, derived_name(fn.name, "transpose"), fn.module, fn.make_jit,
-                    tier_up=fn.tier_up)
-
-    return fn.derived(("transpose", linear, lin_shapes), make)
+    return fn.derived(("transpose", linear, lin_shapes), "transpose", transposed)
 
 
 def _vmap_sub(fn: _Sub, axes: tuple[int | None, ...]) -> _Sub:
     """``fn`` batched along axis 0 of the arguments whose ``axes`` entry is 0."""
 
-    def make() -> _Sub:
-        def batched(*xs: Any) -> Any:
-            return jax.vmap(fn.flat_fun, in_axes=axes)(*xs)
+    def batched(*xs: Any) -> Any:
+        return jax.vmap(fn.flat_fun, in_axes=axes)(*xs)
 
-        name = derived_name(fn.name, f"vmap{list(axes)}")
-        return _Sub(batched, name, fn.module, fn.make_jit, tier_up=fn.tier_up)
-
-    return fn.derived(("vmap", axes), make)
+    return fn.derived(("vmap", axes), f"vmap{list(axes)}", batched)
 
 
 DERIVE: dict[str, Callable[..., _Sub]] = {

@@ -24,12 +24,9 @@ class Box(dict[Any, Any]):
 def abstract_sig(leaves: Sequence[Any]) -> tuple[Any, ...]:
     """(shape, dtype, weak_type) per traced leaf: which trace a function's non-array outputs
     came from (one flat jax.jit serves every signature of a static configuration)."""
-    out = []
-    for x in leaves:
-        a = jax.typeof(x)  # a Python scalar as jax traces it (weakly typed)
-        out.append((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", a)),
-                    bool(getattr(a, "weak_type", False))))
-    return tuple(out)
+    avals = map(jax.typeof, leaves)  # a Python scalar as jax traces it (weakly typed)
+    return tuple((tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", a)),
+                  bool(getattr(a, "weak_type", False))) for a in avals)
 
 
 def is_static_output(x: Any, depth: int = 4) -> bool:

@@ -160,8 +160,7 @@ class Program:
             def inlined(*leaves: Any) -> Any:
                 return run(*leaves)
 
-            # a fresh function, so jax's trace and lowering caches cannot hand back the lowered
-            # program
+            # a fresh function: jax's trace and lowering caches cannot hand back the lowered one
             inlined.__name__ = inlined.__qualname__ = self.name
             args_info = jax.tree_util.tree_leaves(traced.args_info)
             donate = tuple(i for i, a in enumerate(args_info) if a.donated)
@@ -187,8 +186,7 @@ class Program:
         if self._calls is None:
             if self.traced is None:
                 return set()
-            self._calls = ((_jax_compat.codes_in_jaxpr(self.traced.jaxpr) - self._callers)
-                           | self._recorded)
+            self._calls = self.emitted | self._recorded
         return self._calls
 
     @property

@@ -58,7 +58,7 @@ class Policy:
     """Which form of a program that calls kiln.noinline functions is compiled, and when: the
     lowered one first and the inlined one in the background (tier-up), the inlined one
     directly, or the lowered one only (:meth:`plan`). What it finds out about the traced
-    program (:meth:`candidate`, whether to inline directly) it finds, and says, once."""
+    program (:attr:`candidate`, whether to inline directly) it finds, and says, once."""
 
     program: Program
     tier_up: bool  # the tier_up setting (KILN_TIER_UP)
@@ -71,17 +71,14 @@ class Policy:
         tier up in this process (where tier-up is on)."""
         if loaded_tier:
             return Plan(self, key, start=self.tier_up and self.may_tier_up)
-        inlined = self._candidate and self.tier_up
+        inlined = self.candidate and self.tier_up
         now = inlined and self._inline_directly
         return Plan(self, key, start=inlined and not now, inline_now=now)
 
+    @functools.cached_property
     def candidate(self) -> bool:
         """Whether this (traced) program calls kiln.noinline functions that tier-up would
         inline, and is small enough once inlined; whether tier-up is on is separate."""
-        return self._candidate
-
-    @functools.cached_property
-    def _candidate(self) -> bool:
         traced = self.program.traced
         assert traced is not None  # internal invariant: asked after tracing
         if not self.may_tier_up or not _noinline_p.calls_in(traced.jaxpr.jaxpr):
@@ -166,8 +163,7 @@ def wait_for_tier_up(timeout: float | None = None) -> bool:
         if not threads:
             return True
         for t in threads:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            t.join(left)
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if t.is_alive():
                 return False
 
@@ -208,7 +204,7 @@ def _compile_inlined(plan: Plan, swap_in: SwapIn, structs: list[Any]) -> None:
     t0 = time.perf_counter()
     if plan.policy.program.traced is None:  # loaded without tracing: trace now (in this thread)
         plan.policy.program.trace()
-        if not plan.policy.candidate():
+        if not plan.policy.candidate:
             return
     swap_in(*plan.write(structs, t0))
     _stats.bump(tier_ups=1)

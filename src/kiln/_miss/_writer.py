@@ -4,6 +4,7 @@ stored, say why once and leave a marker."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -83,7 +84,6 @@ class EntryWriter:
         verify, signed with no key here, is left as it is)."""
         if Fact.KEEP in known:
             return
-        alias_key = self.keys.alias_key()
         header = {"kind": "alias", "function": self.request.function,
                   "signature": self.keys.signature, "lowered": self.program.lowered_facts[0],
                   "entry": key, "copies": copies, "created": time.time()}
@@ -91,7 +91,7 @@ class EntryWriter:
             header["unstored"] = unstored
         # (an alias this miss read is replaced: EntryReader.alias; the mode reads it before
         # every compile that writes one)
-        self.put(alias_key, header, {}, counted=False, replace=Fact.REPLACE in known)
+        self.put(self.keys.alias_key(), header, {}, counted=False, replace=Fact.REPLACE in known)
 
     def put_same_program(self, key: str, manifest: list[list[str]], entry: Entry, *,
                          replace: bool) -> list[tuple[Store, str]] | None:
@@ -159,10 +159,8 @@ class EntryWriter:
         return result, self.put(key, header, sections, replace=replace)
 
     def _header_facts(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # raised again where the header reads them
             self.program.lowered_facts, self.program.called_names  # noqa: B018 - cached
-        except Exception:  # noqa: BLE001, S110 - raised again where the header reads them
-            pass
 
     def _serialize(self, compiled: Any) -> tuple[Any, dict[str, bytes] | None, str]:
         """(the callable, its entry sections, callbacks mode), or (the callable, None, why it

@@ -460,14 +460,8 @@ def _holds(store: Store, key: str, blob: bytes, signing_key: str | None) -> bool
     """Whether the store already has a valid entry under ``key`` (a bad one is replaced)."""
     try:
         existing = inventory.peek(store, key)
-    except OSError:
+        if existing is not None and existing != blob:
+            decode(existing, signing_key=signing_key, key=key)
+    except (OSError, EntryError):
         return False
-    if existing is None:
-        return False
-    if existing == blob:
-        return True
-    try:
-        decode(existing, signing_key=signing_key, key=key)
-        return True
-    except EntryError:
-        return False
+    return existing is not None

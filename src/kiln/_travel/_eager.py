@@ -45,6 +45,7 @@ the operation compiles as JAX's would and its entry is replaced.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import functools
 import logging
@@ -308,13 +309,13 @@ def _name(fun: Any) -> str:
     return f"{getattr(base, '__module__', '?')}.{getattr(base, '__qualname__', '?')}"
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Token:
-    """A cold eager call to record: its key and name."""
+    """A cold eager call to record: its key, name and signature (its avals)."""
 
-    __slots__ = ("key", "name", "signature")
-
-    def __init__(self, key: str, name: str, signature: str) -> None:
-        self.key, self.name, self.signature = key, name, signature
+    key: str
+    name: str
+    signature: str
 
 
 def _why_not(fun: Any, ji: Any) -> str | None:

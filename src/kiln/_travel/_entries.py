@@ -20,9 +20,7 @@ def read_blob(store: Store, key: str, *, strict: bool, unusable: set[str]) -> by
     except (OSError, StoreError) as e:
         store_fault(store, "read", e, strict=strict)
         return None
-    if blob is None or key in unusable:
-        return None
-    return blob
+    return None if key in unusable else blob
 
 
 def decode_kind(blob: bytes, key: str, kind: str, cfg: Config) -> Entry:

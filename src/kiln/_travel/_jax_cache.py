@@ -78,6 +78,7 @@ SCHEME = "kiln://"
 ROOT = SCHEME + "store"
 _SUFFIX = "-cache"  # JAX names a value "<key>-cache" (and "<key>-atime" when it evicts)
 _KIND = "jax-cache"
+_last_key = ("", "", "")  # (jax_key, machine, store key) of the last store_key call
 
 _local = threading.local()  # .own: inside kiln's own compile; .last: (name, value) just read
 # store keys found unusable in this process, until JAX writes them again: JAX's put asks
@@ -107,9 +108,6 @@ def store_key(jax_key: str) -> str:
                     ("jax-key", jax_key)])
     _last_key = (jax_key, kind, key)
     return key
-
-
-_last_key = ("", "", "")  # (jax_key, machine, store key) of the last store_key call
 
 
 @contextlib.contextmanager

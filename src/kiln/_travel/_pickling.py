@@ -62,25 +62,19 @@ def store_carried(entries: Iterable[tuple[str, bytes]]) -> int:
     written = 0
     try:
         store = open_store(cfg)
-    except (OSError, StoreError) as e:
-        warnings.warn(f"kiln: carried entries not stored ({e}); they will be compiled",
-                      StoreWarning, stacklevel=3)
-        return 0
-    for key, blob in entries:
-        try:
-            decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
-        except EntryError as e:
-            warnings.warn(f"kiln: a carried entry {short_key(key)} is unusable ({e}); it will be "
-                          "compiled", StoreWarning, stacklevel=3)
-            continue
-        try:
+        for key, blob in entries:
+            try:
+                decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
+            except EntryError as e:
+                warnings.warn(f"kiln: a carried entry {short_key(key)} is unusable ({e}); it will "
+                              "be compiled", StoreWarning, stacklevel=3)
+                continue
             if store.get(key) is None:
                 store.put(key, blob)
             written += 1
-        except (OSError, StoreError) as e:
-            warnings.warn(f"kiln: carried entries not stored ({e}); they will be compiled",
-                          StoreWarning, stacklevel=3)
-            break
+    except (OSError, StoreError) as e:  # (the store cannot be opened, read or written)
+        warnings.warn(f"kiln: carried entries not stored ({e}); they will be compiled",
+                      StoreWarning, stacklevel=3)
     return written
 
 

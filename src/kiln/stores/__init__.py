@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections.abc import Callable
@@ -92,7 +93,7 @@ def open_store(
         return store
     local = None
     if config.remote_mode != "remote-only":
-        local = open_store(_local_config(config))
+        local = open_store(dataclasses.replace(config, store=None))
     key = ("layered", ident, local.url if local else None, config.remote_mode, config.strict)
     with _lock:
         layers = _cache.get(key)
@@ -101,12 +102,6 @@ def open_store(
                 local, store, read_only=config.remote_mode == "read-only",
                 timeout=config.remote_timeout, strict=config.strict)
     return layers
-
-
-def _local_config(config: Config) -> Config:
-    import dataclasses
-
-    return dataclasses.replace(config, store=None)
 
 
 def _open(ident: tuple[Any, ...], scheme: str) -> Store:

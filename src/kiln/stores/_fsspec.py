@@ -206,9 +206,6 @@ class FsspecStore:
     def _entry(self, key: str) -> str:
         return f"{self._base}/entries/{check_key(key)[:2]}/{key}.kiln"
 
-    def _entries_dir(self) -> str:
-        return f"{self._base}/entries"
-
     def _write(self, path: str, data: bytes, *, create: bool) -> bool:
         """Write ``data`` at ``path``; with ``create``, only if nothing is there (``False``
         then). Makes missing folders on file systems that have folders (never a bucket)."""
@@ -278,7 +275,7 @@ class FsspecStore:
     def _entry_infos(self) -> dict[str, Mapping[str, Any]]:
         """key -> info of every entry object (anything else under ``entries/`` is skipped)."""
         out: dict[str, Mapping[str, Any]] = {}
-        for path, info in self._listing(self._entries_dir()).items():
+        for path, info in self._listing(f"{self._base}/entries").items():
             parent, _, name = path.rpartition("/")
             key = name[: -len(".kiln")]
             if (name.endswith(".kiln") and is_key(key)
@@ -413,7 +410,6 @@ class FsspecStore:
 
 
 class _ObjectLease:
-
     """A :class:`kiln.stores._base.Lease` as an object holding the holder's token.
 
     ``acquire``: no object -> write one create-only, then read it back (a file system whose

@@ -167,14 +167,6 @@ class LayeredStore:
                     "compiler go on)")
         store_fault(self.remote, doing, e, strict=self.strict, then=then)
 
-    def _copy_to_local(self, key: str, data: bytes) -> None:
-        if self.local is None:
-            return
-        try:
-            self.local.put(key, data)
-        except (OSError, StoreError) as e:
-            store_fault(self.local, "write to", e, strict=self.strict)
-
     # -- protocol -----------------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         if self.local is not None:
@@ -188,7 +180,11 @@ class LayeredStore:
             _stats.bump(remote_misses=1)
             return None
         _stats.bump(remote_hits=1)
-        self._copy_to_local(key, blob)
+        if self.local is not None:
+            try:
+                self.local.put(key, blob)
+            except (OSError, StoreError) as e:
+                store_fault(self.local, "write to", e, strict=self.strict)
         return blob
 
     def peek(self, key: str) -> bytes | None:
@@ -335,7 +331,6 @@ class LayeredStore:
         remote = self.remote.lease(key, seconds) if isinstance(self.remote, Leasable) else None
         return _LayeredLease(self, key, remote, local)
 
-
     # -- counters of the fleet -----------------------------------------------------------------
     def record_counts(self, *, timeout: float = 2.0) -> None:
         """Add this process's counters since the last call (remote hits, misses, timeouts,
@@ -367,10 +362,8 @@ def wait_for_uploads(timeout: float = _EXIT_WAIT) -> int:
     waits for them at exit anyway (at most 10 s); call this where another host must find an
     entry sooner, e.g. before handing work to it."""
     deadline = time.monotonic() + timeout
-    left = 0
-    for store in list(_layered):
-        left += store.wait_for_uploads(max(0.0, deadline - time.monotonic()))
-    return left
+    return sum(store.wait_for_uploads(max(0.0, deadline - time.monotonic()))
+               for store in list(_layered))
 
 
 @atexit.register  # (registered last: runs first, before the counters are recorded)
@@ -392,8 +385,7 @@ class _LayeredLease:
 
     @property
     def expires(self) -> bool:
-        """Whether the lease in use (the remote one while the remote store answers, else the
-        local one) runs out unless renewed."""
+        """Whether the lease in use (see the class docstring) runs out unless renewed."""
         lease = self._held or self._current()
         return lease is not None and lease.expires
 

@@ -223,13 +223,10 @@ def _temp_is_abandoned(tmp: Path, now: float) -> bool:
     return False
 
 
-def _sweep_temp_files(folder: Path) -> int:
-    """Remove abandoned ``.*.tmp`` files in ``folder``; returns how many."""
+def _sweep_temp_files(folder: Path) -> None:
+    """Remove abandoned ``.*.tmp`` files in ``folder``."""
     now = time.time()
-    removed = 0
     for tmp in folder.glob(".*.tmp"):
         if _temp_is_abandoned(tmp, now):
             with contextlib.suppress(OSError):
                 tmp.unlink()
-                removed += 1
-    return removed

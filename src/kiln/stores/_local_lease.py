@@ -81,24 +81,22 @@ class FileLease:
             _unlock(lock)
 
 
-def sweep_leases(root: Path, min_age: float, key: str | None = None) -> int:
+def sweep_leases(root: Path, min_age: float, key: str | None = None) -> None:
     """Remove lease files (``leases/xx/<key>.lock``, one per key ever compiled) that no
     process holds and that are at least ``min_age`` seconds old; only ``key``'s when
-    given. A held one is left (its compile is running). Returns how many were removed."""
+    given. A held one is left (its compile is running)."""
     folder = root / "leases"
     paths = ([_key_file(root, key)] if key is not None
              else folder.glob("*/*.lock") if folder.is_dir() else [])
-    now, removed = time.time(), 0
+    now = time.time()
     for path in paths:
         with contextlib.suppress(OSError):
             if now - path.lstat().st_mtime < min_age or (lock := _try_lock(path)) is None:
                 continue  # new, or held: a compile is running
             try:
                 path.unlink()
-                removed += 1
             finally:
                 _unlock(lock)
-    return removed
 
 
 def _try_lock(path: Path, offset: int | None = None) -> Any:

@@ -62,11 +62,6 @@ def _wrong_type(e: BaseException) -> bool:
     return str(e).startswith("WRONGTYPE")
 
 
-def _exists(store: RedisStore, name: str) -> bool:
-    with store._errors("read from"):
-        return bool(store._redis.exists(name))
-
-
 class RedisStore:
     """Entries in a Redis database; see the module docstring for the layout and faults.
 
@@ -187,7 +182,8 @@ class RedisStore:
         USAGE`` and ``OBJECT IDLETIME`` leave the LRU clock alone); idle 0.0 for all when the
         server keeps no idle time (an LFU policy)."""
         rows: list[tuple[str, int, float]] = []
-        for batch in _batched(self._scan()):
+        found = list(self._scan())
+        for batch in (found[i:i + _BATCH] for i in range(0, len(found), _BATCH)):
             pipe = self._redis.pipeline(transaction=False)
             for _, name in batch:
                 pipe.execute_command("OBJECT", "IDLETIME", name)
@@ -305,8 +301,8 @@ class RedisStore:
                 if not _wrong_type(size):
                     raise size
                 size, head = 0, b""  # not a string: listed as an empty (bad) entry
-        if size is None or (not size and not _exists(self, name)):
-            return None
+            if size is None or (not size and not self._redis.exists(name)):
+                return None
         now = time.time()
         created = now
         with contextlib.suppress(EntryError, TypeError, ValueError, KeyError):
@@ -359,19 +355,7 @@ class RedisStore:
         return _RedisLease(self, lock)
 
 
-def _batched(items: Iterator[tuple[str, bytes]]) -> Iterator[list[tuple[str, bytes]]]:
-    batch: list[tuple[str, bytes]] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= _BATCH:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 class _RedisLease:
-
     """A :class:`kiln.stores._base.Lease` on a redis-py lock (expiry in the server: a holder
     that dies stops renewing and the key expires ``seconds`` later)."""
 
@@ -404,7 +388,5 @@ class _RedisLease:
         if not held:
             return
         with self._store._errors("release a lease in"):
-            try:
+            with contextlib.suppress(self._store._exc.LockError):  # not ours any more
                 self._lock.release()
-            except self._store._exc.LockError:  # not ours any more: nothing to give up
-                pass

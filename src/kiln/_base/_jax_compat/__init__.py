@@ -35,9 +35,7 @@ from ._dispatch import (
     raise_floating_point_error,
     traced_extra_inputs,
 )
-from ._distributed import (
-    write_from_every_process,
-)
+from ._distributed import write_from_every_process
 from ._eager import (
     StoredCall,
     avals_text_of,
@@ -53,26 +51,19 @@ from ._eager import (
     serialize_eager,
     uninstall_eager,
 )
-from ._errors import (
-    LiveObjectMissing,
-    Unserializable,
-)
+from ._errors import Unserializable
 from ._executables import (
     compile_to_store,
     host_callbacks,
     load_compiled,
     lowered_facts,
-    lowered_text,
     no_persistent_cache_writes,
     reset_compilation_cache,
     sections_for_trace,
     serialize_compiled,
-    uses_lapack,
     with_out_tree,
 )
-from ._flags import (
-    _flags_text as _flags_text,  # (read by tests)
-)
+from ._flags import _flags_text as _flags_text  # (read by tests)
 from ._flags import (
     compile_options_digest,
     flags_at_backend_start,
@@ -89,9 +80,7 @@ from ._jaxprs import (
     with_vma,
 )
 from ._patches import patched_reads, snapshot_jax_modules
-from ._pickling import (
-    input_objects,
-)
+from ._pickling import input_objects
 from ._private import (
     ArrayImpl,
     Primitive,
@@ -112,10 +101,8 @@ from ._trace import (
 from ._values import (
     pickle_callbacks,
     pickle_tree,
-    pickle_value,
     unpickle_callbacks,
     unpickle_tree,
-    unpickle_value,
 )
 
 __all__ = [
@@ -143,18 +130,15 @@ __all__ = [
     "is_tracer",
     "jaxpr_as_fun",
     "jit_disabled",
-    "LiveObjectMissing",
     "load_compiled",
     "local_config",
     "lowered_facts",
-    "lowered_text",
     "make_dispatcher",
     "no_persistent_cache_writes",
     "on_clear_caches",
     "ordered_effects",
     "pickle_callbacks",
     "pickle_tree",
-    "pickle_value",
     "Primitive",
     "primitive_rules",
     "primitives_in",
@@ -172,9 +156,7 @@ __all__ = [
     "union_vma",
     "unpickle_callbacks",
     "unpickle_tree",
-    "unpickle_value",
     "Unserializable",
-    "uses_lapack",
     "with_out_tree",
     "with_vma",
     "write_from_every_process",

@@ -1,8 +1,7 @@
 """Calls: the C++ dispatcher of a stored executable, jax.clear_caches hooks, pytree node functions,
 JAX's errors and debug info at a call, the name of a function.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -237,4 +236,3 @@ def fun_name(fun: Any) -> str:
     from jax._src import util as _util
 
     return str(_util.fun_name(fun))
-

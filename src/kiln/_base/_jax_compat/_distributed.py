@@ -1,7 +1,6 @@
 """Multi-host: which processes write JAX's cache and kiln's compiles in a distributed job.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -39,8 +38,6 @@ class _DistributedSeenByCompiler(types.ModuleType):
 
 
 _writing = threading.local()
-
-
 _every_process: Callable[[], bool] | None = None
 
 
@@ -79,4 +76,3 @@ def write_from_every_process(when: Callable[[], bool]) -> bool:
     compiler.distributed = _DistributedSeenByCompiler("jax._src.distributed")
     compiler._cache_write = _cache_write
     return True
-

@@ -12,11 +12,11 @@ lowering, no compile; the C++ fast path is fed as JAX feeds it), and a cold call
 is handed to ``record`` right after XLA compiled it, before it first runs (XLA refuses to
 serialise some executables once they ran).
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Callable
@@ -41,17 +41,15 @@ _ORIGINAL_COMPILE = _pxla.MeshComputation.compile
 _local = threading.local()
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class StoredCall:
     """What ``before`` answers a call with: a loaded executable (``MeshExecutable``) and the
     output tree of the function (a ``PyTreeDef``), run in place of JAX's trace, lowering and
     compile. Stands in for JAX's ``PjitParams`` between ``_infer_params`` and
     ``_run_python_pjit``."""
 
-    __slots__ = ("executable", "out_tree")
-
-    def __init__(self, executable: Any, out_tree: Any) -> None:
-        self.executable = executable
-        self.out_tree = out_tree
+    executable: Any
+    out_tree: Any
 
 
 class _NoEffects:
@@ -61,19 +59,16 @@ class _NoEffects:
     consts: list[Any] = []
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class CallFacts:
     """One eager call as ``_infer_params`` parses it: the static arguments, the trees of the
     dynamic ones, their avals and flat values (what JAX's in-memory caches key it by)."""
 
-    __slots__ = ("fun", "jit_info", "signature", "dynargs", "avals")
-
-    def __init__(self, fun: Any, jit_info: Any, signature: Any, dynargs: list[Any],
-                 avals: tuple[Any, ...]) -> None:
-        self.fun = fun
-        self.jit_info = jit_info
-        self.signature = signature
-        self.dynargs = dynargs
-        self.avals = avals
+    fun: Any
+    jit_info: Any
+    signature: Any
+    dynargs: list[Any]
+    avals: tuple[Any, ...]
 
 
 Before = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], "StoredCall | object | None"]
@@ -214,13 +209,8 @@ def _rule(entry: Any) -> Any:
 
 def lowering_rules(prim: Any, platform: str) -> list[Any]:
     """The rules that lower ``prim`` on ``platform``: the platform's own, then the generic."""
-    rules = []
     specific = _mlir._platform_specific_lowerings.get(platform, {})
-    if prim in specific:
-        rules.append(_rule(specific[prim]))
-    if prim in _mlir._lowerings:
-        rules.append(_rule(_mlir._lowerings[prim]))
-    return rules
+    return [_rule(table[prim]) for table in (specific, _mlir._lowerings) if prim in table]
 
 
 class _Versioned(dict):  # type: ignore[type-arg]
@@ -373,4 +363,3 @@ _started = [False]
 def avals_text_of(avals: tuple[Any, ...]) -> str:
     """``float32[3], int32[]``: the avals of an eager call, for an entry's header."""
     return ", ".join(a.str_short() for a in avals)
-

@@ -1,8 +1,7 @@
 """The exceptions the JAX gate raises: a program that cannot be written as an entry, a stored
 callback whose live object is gone.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -22,4 +21,3 @@ class Unserializable(Exception):
 class LiveObjectMissing(Exception):
     """A stored host callback refers to a live object this process's walk did not give (the
     callbacks are then rebuilt by tracing: :func:`unpickle_callbacks`)."""
-

@@ -1,8 +1,7 @@
 """Executables: serialising and loading compiled programs (host callbacks and CPU kernels
 included), what a lowering holds, JAX's persistent cache around kiln's compiles.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -27,11 +26,9 @@ logger = logging.getLogger("kiln")
 
 __all__ = [
     "host_callbacks",
-    "lowered_text",
     "lowered_facts",
     "serialize_compiled",
     "sections_for_trace",
-    "uses_lapack",
     "load_compiled",
     "with_out_tree",
     "reset_compilation_cache",
@@ -49,15 +46,11 @@ def host_callbacks(lowered: jax.stages.Lowered) -> list[Any]:
     return list(lowered._lowering.compile_args.get("host_callbacks", ()))  # type: ignore[attr-defined]
 
 
-def lowered_text(lowered: jax.stages.Lowered) -> str:
-    """The lowered StableHLO module as text (no debug locations), for audit digests."""
-    return lowered.as_text()
-
-
 def lowered_facts(lowered: jax.stages.Lowered) -> tuple[str, bool]:
-    """(sha256 of the lowered module's text, whether it calls LAPACK)."""
-    text = lowered_text(lowered)
-    return hashlib.sha256(text.encode()).hexdigest(), uses_lapack(text)
+    """(sha256 of the lowered StableHLO module's text, no debug locations; whether it calls
+    jaxlib's LAPACK kernels: ``@lapack_*`` custom calls)."""
+    text = lowered.as_text()
+    return hashlib.sha256(text.encode()).hexdigest(), "@lapack_" in text
 
 
 def serialize_compiled(
@@ -100,9 +93,7 @@ def serialize_compiled(
                              advice="pass the array ref as an argument")
     sections, mode = _callback_sections(list(unloaded.host_callbacks), live, is_user, codes)
     buf = io.BytesIO()
-    device_list = getattr(unloaded, "device_list", None)  # jax 0.4.31+: a DeviceList
-    pickler = _Pickler(buf, unloaded.host_callbacks,
-                       tuple(d.id for d in device_list) if device_list is not None else None)
+    pickler = _Pickler(buf, unloaded.host_callbacks, tuple(d.id for d in unloaded.device_list))
     try:
         pickler.dump((unloaded, compiled.args_info, None, compiled._no_kwargs))
     except Exception as e:  # noqa: BLE001
@@ -148,11 +139,6 @@ def sections_for_trace(
     return new, mode
 
 
-def uses_lapack(lowered_text: str) -> bool:
-    """The lowered module calls jaxlib's LAPACK kernels (``@lapack_*`` custom calls)."""
-    return "@lapack_" in lowered_text
-
-
 def load_compiled(
     sections: dict[str, bytes],
     callbacks: Sequence[Any] | None = None,
@@ -176,14 +162,12 @@ def load_compiled(
     if callbacks is None:
         callbacks = unpickle_callbacks(sections["callbacks"], live) if "callbacks" in sections \
             else []
-    cbs = list(callbacks)
     unloaded, args_info, _, no_kwargs = _Unpickler(
-        io.BytesIO(sections["meta"]), sections["exec"], cbs
+        io.BytesIO(sections["meta"]), sections["exec"], list(callbacks)
     ).load()
-    tree = out_tree
-    if tree is None:
-        tree = unpickle_tree(sections["out_tree"], inputs)
-    return _stages.Compiled(unloaded.load(), [], args_info, tree, no_kwargs=no_kwargs)
+    if out_tree is None:
+        out_tree = unpickle_tree(sections["out_tree"], inputs)
+    return _stages.Compiled(unloaded.load(), [], args_info, out_tree, no_kwargs=no_kwargs)
 
 
 def with_out_tree(compiled: jax.stages.Compiled, out_tree: Any) -> jax.stages.Compiled:
@@ -238,17 +222,9 @@ def no_persistent_cache_writes() -> Iterator[None]:
 # Function <fusion> not found (type id: 1)" (jaxlib 0.10.2 and 0.12; JAX's own api_test
 # test_jit_forwarding_correctness under kiln; the route in a multi-process job).
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"
-
-
 _watch = threading.local()
-
-
 _watch_lock = threading.Lock()
-
-
 _watching = False
-
-
 _reloaded: set[int] = set()  # ids of MeshExecutables compile_to_store could not get fresh
 
 
@@ -372,4 +348,3 @@ def compile_to_store(lowered: Any, digest_of: Callable[[], str] | None = None) -
     finally:
         _watch.on = False
         _compiling.digest_of, _compiling.made = None, None
-

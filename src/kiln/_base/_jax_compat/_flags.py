@@ -1,8 +1,7 @@
 """Compile options and XLA flags: the digest of the options JAX gives XLA, the flags JAX's own key
 leaves out, and XLA_FLAGS / LIBTPU_INIT_ARGS as the backend read them at its start.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -80,11 +79,7 @@ def flags_left_out_of_jax_key() -> frozenset[str]:
 
 
 _FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
-
-
 _start_flags: dict[str, str] | None = None
-
-
 _start_lock = threading.Lock()
 
 
@@ -140,12 +135,7 @@ def _install_start_hook() -> None:
 
         _init_backend._kiln_wrapped = True  # type: ignore[attr-defined]
         _xla_bridge._init_backend = _init_backend
-    try:
-        started = _xla_bridge.backends_are_initialized()
-    except Exception:  # noqa: BLE001 - a jax without it: take the values at first use
-        started = False
-    if started:
+    if _xla_bridge.backends_are_initialized():
         _capture_start_flags()  # XLA read its flags before kiln was imported
 
 _install_start_hook()
-

@@ -1,8 +1,7 @@
 """Jaxprs and primitives: equations and the code they run, effects and varying-manual axes, the
 primitive rule registries.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -38,13 +37,10 @@ def ordered_effects(effects: Any) -> list[Any]:
 
 def union_vma(avals: Sequence[Any]) -> frozenset[Any]:
     """The mesh axes (inside a ``shard_map`` body) any of ``avals`` varies over:
-    ``ShapedArray.manual_axis_type.varying`` (jax 0.10 and 0.12; ``ShapedArray.vma`` on jax
-    0.6 to 0.9). Empty outside a ``shard_map`` body."""
-    out: frozenset[Any] = frozenset()
-    for a in avals:
-        mat = getattr(a, "manual_axis_type", None)
-        out |= mat.varying if mat is not None else getattr(a, "vma", frozenset())
-    return out
+    ``ShapedArray.manual_axis_type.varying`` (jax 0.10 and 0.12). Empty outside a
+    ``shard_map`` body."""
+    mats = [getattr(a, "manual_axis_type", None) for a in avals]
+    return frozenset().union(*(mat.varying for mat in mats if mat is not None))
 
 
 def with_vma(aval: Any, vma: frozenset[Any], like: Sequence[Any]) -> Any:
@@ -103,15 +99,11 @@ def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
 # adds is keyed too: a dict counts when a key is a Primitive (or, one level down, a key of
 # each of its dict values); empty dicts are looked at again on each use until they fill.
 _registries: dict[int, tuple[str, dict[Any, Any], bool]] = {}  # id -> (name, dict, nested)
-
-
 _registry_candidates: dict[int, tuple[str, dict[Any, Any]]] = {}  # empty so far
-
-
 _scanned: set[str] = set()
-
-
 _registries_lock = threading.Lock()
+_registry_list: list[tuple[str, dict[Any, Any], bool]] = []
+_modules_scanned = 0  # len(sys.modules) at the last scan (modules are scanned once each)
 
 
 def _is_registry(d: dict[Any, Any]) -> bool | None:
@@ -119,12 +111,6 @@ def _is_registry(d: dict[Any, Any]) -> bool | None:
     if not d:
         return None
     return isinstance(next(iter(d)), _core.Primitive)
-
-
-_registry_list: list[tuple[str, dict[Any, Any], bool]] = []
-
-
-_modules_scanned = 0  # len(sys.modules) at the last scan (modules are scanned once each)
 
 
 def _scan_registries() -> list[tuple[str, dict[Any, Any], bool]]:
@@ -199,4 +185,3 @@ def primitives_in(closed_jaxpr: Any) -> list[Any]:
     for eqn in eqns_in(closed_jaxpr.jaxpr):
         seen.setdefault(id(eqn.primitive), eqn.primitive)
     return list(seen.values())
-

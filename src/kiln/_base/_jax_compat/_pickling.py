@@ -1,8 +1,7 @@
 """Pickling what an executable's entry holds by reference: JAX's singletons and named globals, the
 objects a call's inputs hold (:func:`input_objects`).
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -22,8 +21,6 @@ __all__ = ['input_objects']
 
 
 _singletons: dict[type, dict[int, str]] = {}
-
-
 _NOT_SINGLETON_MODULES = frozenset({"builtins", "numpy", "jaxlib._jax", "jax._src.tree_util"})
 
 
@@ -44,11 +41,8 @@ def _singleton_id(obj: Any) -> tuple[str, str, str] | None:
     table = _singletons.get(t)
     if table is None:
         mod = sys.modules.get(module)
-        table = {}
-        for name, v in (list(vars(mod).items()) if mod is not None else []):
-            if type(v) is t:
-                table[id(v)] = name
-        _singletons[t] = table
+        items = list(vars(mod).items()) if mod is not None else []
+        table = _singletons[t] = {id(v): name for name, v in items if type(v) is t}
     found = table.get(id(obj))
     if found is None or getattr(sys.modules.get(module), found, None) is not obj:
         return None
@@ -151,8 +145,6 @@ class _Unpickler(pickle.Unpickler):
 
 
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
-
-
 _PyTreeDef = type(jax.tree_util.tree_structure(0))
 
 
@@ -196,4 +188,3 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
     for tree in static_trees:
         walk(tree)
     return out
-

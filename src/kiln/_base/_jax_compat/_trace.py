@@ -1,15 +1,14 @@
 """jax's trace context and config as a trace sees them: the context token and its text, local
 config, the default device, whether jit is off, whether a value is a tracer, the API boundary.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -41,10 +40,7 @@ def trace_context_token() -> Any:
 def trace_context() -> list[tuple[str, str]]:
     """(name, repr) of every jax config value that changes tracing, addresses stripped."""
     values = _jax_config.trace_context()
-    try:
-        names = list(_jax_config.trace_context_names())
-    except NotImplementedError:  # pragma: no cover - older jaxlib
-        names = [f"trace_context[{i}]" for i in range(len(values))]
+    names = _jax_config.trace_context_names()
     return [(n, _context_text(v)) for n, v in zip(names, values, strict=True)]
 
 
@@ -74,12 +70,8 @@ def local_config() -> list[tuple[Any, Any]]:
     ...): config states are thread-local, so work done for this thread in another thread (a
     tier-up) must apply them there (:func:`apply_local_config`)."""
     unset = _jax_config.config_ext.unset
-    out = []
-    for state in _jax_config.config_states.values():
-        value = state.get_local()
-        if value is not unset:
-            out.append((state, value))
-    return out
+    return [(state, value) for state in _jax_config.config_states.values()
+            if (value := state.get_local()) is not unset]
 
 
 @contextlib.contextmanager
@@ -143,9 +135,6 @@ _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 _traceback_util.register_exclusion(_KILN_DIR)
 _source_info_util.register_exclusion(_KILN_DIR)
 
-
-def api_boundary(fun: Callable[..., Any]) -> Callable[..., Any]:
-    """``fun`` as jax's API boundary: an error raised below it has jax's and kiln's frames
-    removed from its traceback, as an error raised in a jax.jit call has."""
-    return _traceback_util.api_boundary(fun)  # type: ignore[no-any-return]
-
+# ``api_boundary(fun)``: an error raised below ``fun`` has jax's and kiln's frames removed from
+# its traceback, as an error raised in a jax.jit call has
+api_boundary = _traceback_util.api_boundary

@@ -1,8 +1,7 @@
 """Pickling values with cloudpickle: output trees against a call's inputs, host callbacks bound to
 live objects and live module globals, plain values.
 
-Part of the JAX gate (:mod:`kiln._base._jax_compat`): the one place that touches JAX's private
-modules."""
+Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
@@ -23,8 +22,6 @@ __all__ = [
     "unpickle_tree",
     "pickle_callbacks",
     "unpickle_callbacks",
-    "pickle_value",
-    "unpickle_value",
 ]
 
 
@@ -93,8 +90,8 @@ class _TreeUnpickler(_ValueUnpickler):
 
 def pickle_tree(value: Any, inputs: Sequence[Any]) -> bytes:
     """Pickle an output's structure (a tree, static outputs) with what the call's ``inputs``
-    hold by position (``input_objects``), anything else as ``pickle_value`` does, except
-    classes defined inside a function.
+    hold by position (``input_objects``), anything else with cloudpickle (``_ValuePickler``),
+    except classes defined inside a function.
 
     Raises:
         Unserializable: it cannot be pickled.
@@ -263,24 +260,3 @@ def unpickle_callbacks(data: bytes, live: Sequence[Any] = ()) -> list[Any]:
             the callbacks by tracing).
     """
     return list(_CallbackUnpickler(io.BytesIO(data), live).load())
-
-
-def pickle_value(value: Any) -> bytes:
-    """cloudpickle ``value`` (functions by reference when importable, else by value; module
-    level sentinels by reference).
-
-    Raises:
-        Unserializable: it cannot be pickled.
-    """
-    buf = io.BytesIO()
-    try:
-        _ValuePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-    except Exception as e:  # noqa: BLE001
-        raise Unserializable(f"cannot pickle {type(value).__name__}: {e}") from None
-    return buf.getvalue()
-
-
-def unpickle_value(data: bytes) -> Any:
-    """Inverse of :func:`pickle_value`; only for entries whose digest verified."""
-    return _ValueUnpickler(io.BytesIO(data)).load()
-

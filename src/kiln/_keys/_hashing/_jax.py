@@ -44,8 +44,7 @@ def dtype_bytes(dtype: np.dtype[Any]) -> bytes:
             # (and spells out the fields of a structured dtype).
             text += "|" + str(dtype)
         data = text.encode("utf-8")
-        out = pack_q(len(data)) + data
-        _DTYPE_BYTES[dtype] = out
+        out = _DTYPE_BYTES[dtype] = pack_q(len(data)) + data
     return out
 
 
@@ -53,15 +52,6 @@ def _object_array_error(argname: str, path: Path) -> StaticArgumentError:
     return StaticArgumentError(
         f"{where(argname, path)} is an object array; object arrays cannot be hashed by value. "
         "Pass a numeric array or mark the argument as dynamic."
-    )
-
-
-def _tracer_error(value: Any, argname: str, path: Path) -> StaticArgumentError:
-    aval = getattr(value, "aval", None)
-    return StaticArgumentError(
-        f"{where(argname, path)} is a traced value ({aval}); static arguments must be concrete "
-        "values known at trace time. Pass a concrete NumPy or Python value, or mark the argument "
-        "as dynamic."
     )
 
 
@@ -141,7 +131,11 @@ def _jax_array_digest(x: Any, argname: str, path: Path) -> bytes:
 
 def _array_digest_bytes(x: Any, argname: str, path: Path) -> bytes:
     if isinstance(x, jax.core.Tracer):
-        raise _tracer_error(x, argname, path)
+        raise StaticArgumentError(
+            f"{where(argname, path)} is a traced value ({getattr(x, 'aval', None)}); static "
+            "arguments must be concrete values known at trace time. Pass a concrete NumPy or "
+            "Python value, or mark the argument as dynamic."
+        )
     if isinstance(x, jax.Array):
         return _jax_array_digest(x, argname, path)
     if isinstance(x, np.ndarray):
@@ -334,9 +328,8 @@ def is_pytree_node(v: Any) -> bool:
 
 def enc_pytree(h: Hasher, v: Any, argname: str, path: Path) -> None:
     """A registered pytree node, one level deep: its type, aux data and children."""
-    children, treedef_ = jax.tree_util.tree_flatten_with_path(v, is_leaf=lambda n: n is not v)
-    treedef: Any = treedef_
-    node_type, aux = treedef.node_data()
+    children, treedef = jax.tree_util.tree_flatten_with_path(v, is_leaf=lambda n: n is not v)
+    node_type, aux = treedef.node_data()  # type: ignore[attr-defined]
     h.update(b"R")
     write_name(h, node_type, "pytree node type", argname, path)
     encode(h, aux, argname, (path, ATTR, "<aux>"))

@@ -128,14 +128,9 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         return
     me = threading.get_ident()
     own = _state._active.get(me)
-    if own:
-        recorders, borrowed = tuple(own), False
-    else:
-        recorders, borrowed = _state._borrowed(), True
-        if not recorders:
-            return
-    if me in _state._busy:
-        return  # kiln's own recording code (a directory tree walked for a reader)
+    recorders, borrowed = (tuple(own), False) if own else (_state._borrowed(), True)
+    if not recorders or me in _state._busy:
+        return  # (none; or kiln's own recording code: a directory tree walked for a reader)
     try:
         _record(event, args, recorders, borrowed)
     except Exception:  # noqa: BLE001 - an audit hook that raises would fail the user's call
@@ -156,10 +151,7 @@ def _record(event: str, args: tuple[Any, ...], recorders: tuple[ReadRecorder, ..
         return
     if borrowed and event not in _READS and event != _DATABASE:
         return  # (see _state._borrowed)
-    try:
-        caller = sys._getframe(2)  # _record <- _hook <- (the audited call, in C) <- its caller
-    except ValueError:  # called from C with no Python frame above
-        caller = None
+    caller = _state._frame(2)  # _record <- _hook <- (the audited call, in C) <- its caller
     if event in _UNKEYABLE:
         if _state._caller_is_machinery(caller):
             return  # kiln's own connection (a Redis store read by a nested kiln call)
@@ -200,8 +192,7 @@ def _record(event: str, args: tuple[Any, ...], recorders: tuple[ReadRecorder, ..
 
 
 def _database_files(database: Any) -> list[str]:
-    """The files a ``sqlite3.connect(database)`` reads: the database and its ``-wal`` and
-    ``-journal`` companions; none for an in-memory or a temporary database. A ``file:`` URI
+    """The files a ``sqlite3.connect(database)`` reads (see the module doc). A ``file:`` URI
     (``uri=True``) names its path; as the audit event does not say whether ``uri=True`` was
     passed, the name as given is keyed too (SQLite opens it as a plain file name otherwise)."""
     if not isinstance(database, str | bytes | os.PathLike):
@@ -221,22 +212,13 @@ def _database_files(database: Any) -> list[str]:
 
 
 def _wrap() -> None:
-    """Put the wrappers in place (the first recording opened; under ``_state._active_lock``). One
-    that someone else replaced since kiln was imported is left as it is (that check is then
-    not seen)."""
-    for owner, name, original, wrapper in _state._WRAPPERS:
-        if owner.__dict__.get(name) is original:
-            setattr(owner, name, wrapper)
+    """Put the wrappers in place (the first recording opened; under ``_state._active_lock``)."""
+    _state._swap(_state._WRAPPERS, True)
 
 
 def _unwrap() -> None:
     """Take the wrappers out again (the last recording closed; under ``_state._active_lock``)."""
-    for owner, name, original, wrapper in _state._WRAPPERS:
-        if owner.__dict__.get(name) is wrapper:
-            setattr(owner, name, original)
-    for owner, name, original, wrapper in _reader_wrappers.values():
-        if owner.__dict__.get(name) is wrapper:
-            setattr(owner, name, original)
+    _state._swap((*_state._WRAPPERS, *_reader_wrappers.values()), False)
 
 
 class ReadRecorder:
@@ -338,21 +320,16 @@ def _content_digest(full: str, kind: str) -> str:
     if kind == DIR:
         for name in sorted(os.listdir(full)):
             h.update(name.encode("utf-8", "surrogateescape") + b"\0")
-        return h.hexdigest()
-    if full == os.devnull:
-        return h.hexdigest()
-    with open(full, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
+    elif full != os.devnull:
+        with open(full, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                h.update(chunk)
     return h.hexdigest()
 
 
 def check_read(path: str, kind: str, digest: str, stat_text: str) -> str | None:
-    """None if ``path`` still reads as it did when the entry was made, else what changed.
-
-    A stat first: an unchanged size and mtime (``stat_text``) means unchanged content;
-    otherwise the content (or listing) is digested again.
-    """
+    """None if ``path`` still reads as it did when the entry was made, else what changed (its
+    content or listing is digested again unless its size and mtime are still ``stat_text``)."""
     full = os.path.abspath(path)
     now = _state._stat(full)
     if now is None:

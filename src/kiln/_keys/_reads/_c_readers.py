@@ -1,20 +1,16 @@
-"""Files a C library opens itself raise no audit event. For the readers kiln knows, the opener is
-wrapped while a recording is open (only when its library is already imported: kiln imports
-none of them), and the file it names is keyed as a Python read is: h5py (``h5py.File``:
-``h5py._hl.files.make_fid``), netCDF4 (``netCDF4.Dataset``, ``netCDF4.MFDataset``), pyarrow
-(``pyarrow.parquet``: ``ParquetFile``, ``ParquetDataset``, so ``read_table`` and
-``read_pandas``; ``read_metadata``, ``read_schema``; ``pyarrow.memory_map``,
-``pyarrow.OSFile``, ``pyarrow.input_stream``, ``pyarrow.feather.read_table`` /
-``read_feather``, ``pyarrow.csv.read_csv`` / ``open_csv``, ``pyarrow.json.read_json``,
-``pyarrow.ipc``'s readers, ``pyarrow.orc.ORCFile`` / ``read_table``,
-``pyarrow.dataset.dataset``); a directory given to one of them (a partitioned dataset) by its
-whole tree (each directory's listing, each file's content). A wrapped function that a module
-imported while a recording was open holds for good is taken for the original by the walk
-(:func:`is_probe`). A source that is not a local file (an ``s3://`` URL, an OPeNDAP address,
-pyarrow's S3 file system, an HDF5 driver that reads several files or a remote one) makes the
-recording unkeyable, and so does the first import of one of these modules while tracing (its
-opener is not wrapped yet), unless a wrapped reader imports it (``pq.read_table`` imports
-``pyarrow.dataset``: that call is keyed, and the module is wrapped when it returns)."""
+"""Files a C library opens itself raise no audit event. For the readers kiln knows (``_READERS``:
+h5py's ``File``, netCDF4's ``Dataset`` and ``MFDataset``, pyarrow's parquet, feather, csv,
+json, ipc, orc and dataset readers and its ``memory_map``, ``OSFile``, ``input_stream``), the
+opener is wrapped while a recording is open (only when its library is already imported: kiln
+imports none of them), and the file it names is keyed as a Python read is; a directory given
+to one of them (a partitioned dataset) by its whole tree (each directory's listing, each
+file's content). A wrapped function that a module imported while a recording was open holds
+for good is taken for the original by the walk (:func:`is_probe`). A source that is not a
+local file (an ``s3://`` URL, an OPeNDAP address, pyarrow's S3 file system, an HDF5 driver
+that reads several files or a remote one) makes the recording unkeyable, and so does the
+first import of one of these modules while tracing (its opener is not wrapped yet), unless a
+wrapped reader imports it (``pq.read_table`` imports ``pyarrow.dataset``: that call is keyed,
+and the module is wrapped when it returns)."""
 
 from __future__ import annotations
 
@@ -61,9 +57,7 @@ def _local(source: Any, *, expand: bool = False) -> str | None:
     buffer: read through Python, or in memory). A ``scheme://`` name that is no local file is
     a URL: a ``file://`` one names a local path, any other raises :class:`_NotLocal`.
     ``expand``: the reader expands ``~`` (pyarrow)."""
-    if isinstance(source, os.PathLike):
-        source = os.fspath(source)
-    if isinstance(source, bytes):
+    if isinstance(source, os.PathLike | bytes):
         source = os.fsdecode(source)
     if not isinstance(source, str):
         return None
@@ -369,7 +363,6 @@ def _wrap_late() -> None:
 
 _READER_CODE = next(c for c in _reader_wrapper.__code__.co_consts
                     if getattr(c, "co_name", None) == "reader")
-
 
 
 def is_probe(fn: Any) -> bool:

@@ -14,7 +14,7 @@ import posixpath
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._libraries import KILN_ROOT, LIB_ROOTS
@@ -62,6 +62,24 @@ def _recorders_here(me: int) -> tuple[ReadRecorder, ...]:
     """The recordings the thread ``me`` reads for, its own or through its context."""
     own = _active.get(me)
     return tuple(own) if own else _borrowed()
+
+
+def _frame(depth: int) -> Any:
+    """``sys._getframe(depth)`` as the calling function would call it, or None when there is no
+    Python frame that far up (a call from C)."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:
+        return None
+
+
+def _swap(wrappers: Iterable[tuple[Any, str, Any, Any]], on: bool) -> None:
+    """Put each ``(owner, name, original, wrapper)`` in place (``on``), or its original back,
+    where the owner still holds the other: one that someone else replaced since kiln was
+    imported is left as it is (what it does is then not seen)."""
+    for owner, name, original, wrapper in wrappers:
+        if owner.__dict__.get(name) is (original if on else wrapper):
+            setattr(owner, name, wrapper if on else original)
 
 
 def _give_up(recorders: tuple[ReadRecorder, ...], reason: str) -> None:
@@ -206,13 +224,8 @@ def _start_followed(self: threading.Thread) -> None:
     wrapped before it starts) until the recording closes."""
     if _active:
         recorders = _active.get(threading.get_ident())
-        if recorders:
-            try:
-                caller = sys._getframe(1)
-            except ValueError:
-                caller = None
-            if not _caller_is_machinery(caller):
-                _follow(self, tuple(recorders))
+        if recorders and not _caller_is_machinery(_frame(1)):
+            _follow(self, tuple(recorders))
     _thread_start(self)
 
 
@@ -250,11 +263,8 @@ _RUN_RECORDED = next(c for c in _follow.__code__.co_consts
 
 def _is_module_source(full: str) -> bool:
     real = os.path.realpath(full)
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if isinstance(f, str) and (f == full or os.path.realpath(f) == real):
-            return True
-    return False
+    files = (getattr(mod, "__file__", None) for mod in list(sys.modules.values()))
+    return any(isinstance(f, str) and (f == full or os.path.realpath(f) == real) for f in files)
 
 
 def _stat(full: str) -> tuple[int, int, int, int] | None:
@@ -347,10 +357,7 @@ def _probe(original: Callable[..., Any], kind: str) -> Callable[..., Any]:
 
 def _probed(original: Callable[..., Any], kind: str, path: Any, args: tuple[Any, ...],
             kwargs: dict[str, Any], recorders: tuple[ReadRecorder, ...], me: int) -> Any:
-    try:
-        caller = sys._getframe(2)  # _probed <- probe <- the caller of os.stat
-    except ValueError:
-        caller = None
+    caller = _frame(2)  # _probed <- probe <- the caller of os.stat
     try:
         result = original(path, *args, **kwargs)
     except OSError as e:
@@ -393,9 +400,7 @@ def _note_check(kind: str, path: Any, args: tuple[Any, ...], kwargs: dict[str, A
         if all((path, how) in r.checked for r in recorders):
             return  # checked before, and recorded then (jax's traceback filter compares the
             # same directories thousands of times in a trace: no frames to walk for those)
-        if _caller_is_machinery(caller):
-            return
-        if full.endswith(".py") and _is_module_source(full):
+        if _caller_is_machinery(caller) or full.endswith(".py") and _is_module_source(full):
             return
         for r in recorders:
             if not (full + os.sep).startswith(r.ignore):

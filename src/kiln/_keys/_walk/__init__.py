@@ -16,12 +16,9 @@ or an ``np.vectorize``; and the config object of every installed library the wal
 (:func:`library_config_object`: ``flax.config``).
 
 A value is walked by a handler ``(walker, name, value, lenient)``, one per kind of object (code
-in :mod:`._code`, every other kind in :mod:`._objects`), found by type (as ``_hashing`` finds
-its encoders): the handler ``_BY_TYPE`` names for the value's exact type,
-else the first of ``_BY_BASE`` the value is an instance of (a lazy module, a partial subclass,
-a class with a metaclass), else the first of ``_TRY_WALKS`` that takes it (mappings, pytree
-nodes, custom derivatives, wrappers: each returns False when the value is not its kind), else
-:func:`._objects.walk_object`. A new kind of object is a new handler and a row of a table.
+in :mod:`._code`, every other kind in :mod:`._objects`), found by type as ``_hashing`` finds
+its encoders (the tables ``_BY_TYPE``, ``_BY_BASE`` and ``_TRY_WALKS`` below say in which
+order). A new kind of object is a new handler and a row of a table.
 """
 
 from __future__ import annotations
@@ -145,9 +142,7 @@ class Walker:
         self.seen.add(id(v))
         self.first_name[id(v)] = name
         self.keep.append(v)
-        walk = _BY_TYPE.get(tp)
-        if walk is None:
-            walk = next((w for t, w in _BY_BASE if isinstance(v, t)), None)
+        walk = _BY_TYPE.get(tp) or next((w for t, w in _BY_BASE if isinstance(v, t)), None)
         if walk is not None:
             walk(self, name, v, lenient)
             return

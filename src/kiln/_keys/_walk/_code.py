@@ -155,12 +155,10 @@ def _cells(w: Walker, qual: str, fn: types.FunctionType) -> None:
     A bare ``object()`` sentinel (``jax.vmap``'s "no axis name") has no value; it is
     named by the global of ``fn``'s module that holds it, since code compares it by
     identity with that global."""
-    values: list[tuple[str, Any]] = []
-    if fn.__defaults__:
-        values += [(f"{qual}.__defaults__[{i}]", d) for i, d in enumerate(fn.__defaults__)]
-    if fn.__kwdefaults__:
-        values += [(f"{qual}.__kwdefaults__[{k!r}]", d)
-                   for k, d in sorted(fn.__kwdefaults__.items())]
+    values: list[tuple[str, Any]] = [
+        (f"{qual}.__defaults__[{i}]", d) for i, d in enumerate(fn.__defaults__ or ())]
+    values += [(f"{qual}.__kwdefaults__[{k!r}]", d)
+               for k, d in sorted((fn.__kwdefaults__ or {}).items())]
     roots = callback_roots(fn)
     for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
         # the cell itself: a callback made while tracing (a lambda closing over the same

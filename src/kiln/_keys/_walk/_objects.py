@@ -307,11 +307,9 @@ def walk_object(w: Walker, name: str, v: Any, lenient: bool) -> None:
     try:
         w.add(f"value:{name}", static_digest(v, argname=name))
     except (Unpersistable, TypeError, ValueError) as e:
-        if user:
-            w.unsound(f"{name}: {e}")
-        elif _try_walk_library_object(w, name, v):
-            pass
-        elif lenient or (w.in_library and not w.strict):
+        if not user and _try_walk_library_object(w, name, v):
+            return
+        if not user and (lenient or (w.in_library and not w.strict)):
             # an opaque object of a library class (a C object, a lock) held by library
             # code or state: counted with that library, by class name and version
             w.add(f"lib:{cls.__module__}.{cls.__qualname__}", library_version(cls.__module__))
@@ -389,11 +387,8 @@ def _python_defined(cls: type) -> bool:
     """Whether every class of ``cls``'s MRO but ``object`` comes from a Python source module,
     so an instance's whole state is in its ``__dict__`` and slots (a C type's,
     ``_io.TextIOWrapper``'s or ``numpy.random.Generator``'s, is not)."""
-    for c in cls.__mro__[:-1]:
-        f = getattr(sys.modules.get(c.__module__), "__file__", None)
-        if not (isinstance(f, str) and f.endswith(".py")):
-            return False
-    return True
+    files = (getattr(sys.modules.get(c.__module__), "__file__", None) for c in cls.__mro__[:-1])
+    return all(isinstance(f, str) and f.endswith(".py") for f in files)
 
 
 def _is_lock(cls: type) -> bool:
