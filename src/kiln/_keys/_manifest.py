@@ -429,8 +429,9 @@ def check_manifest(
     A module item names a module the cold trace imported; one this process has not imported yet
     is imported here (as the trace it replaces would have), so its values can be compared.
     ``fun_globals``: (module name, globals) of the compiled function: names of that module are
-    looked up where the function itself looks them up (a function unpickled by value carries its
-    own globals, and this process's module of that name may not hold them).
+    looked up where the function itself looks them up first (a function unpickled by value
+    carries its own globals, and this process's module of that name may not hold them), then in
+    the module.
     """
     namespaces = {fun_globals[0]: types.SimpleNamespace(**fun_globals[1])} if fun_globals else None
     for module, qualname, digest, *rest in items:
@@ -442,6 +443,10 @@ def check_manifest(
             continue
         # a user function that ran while tracing
         fn = _resolve(module, qualname, namespaces)
+        if not isinstance(fn, types.FunctionType) and namespaces:
+            # not among the compiled function's own globals (a function kiln derived from the
+            # user's, such as a noinline function's jvp, runs with kiln's): the module's
+            fn = _resolve(module, qualname)
         if not isinstance(fn, types.FunctionType):
             return f"{module}.{qualname} no longer exists"
         try:
