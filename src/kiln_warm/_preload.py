@@ -53,7 +53,7 @@ def preload(spec: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
         kiln_cli.importing = False
     # what kiln run turns on before the script (the route, the jax.jit swap): before the
     # program's libraries are imported, as in a plain run
-    from kiln._cli._run import prepare
+    from kiln._cli._main import prepare
 
     prepare(list(spec["argv"]))
     unsafe = _read_unsafe(spec)

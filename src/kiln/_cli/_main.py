@@ -15,7 +15,7 @@ from . import _bundles, _demo, _inspect, _maintain, _run, _server
 from ._common import Failure
 from ._render import note
 
-__all__ = ["main"]
+__all__ = ["main", "prepare"]
 
 # the command modules, in the order of their verbs in ``kiln --help``
 _COMMANDS = (_run, _inspect, _maintain, _bundles, _demo, _server)
@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     for command in _COMMANDS:
         command.register(verbs, common)
     return parser
+
+
+def prepare(argv: list[str]) -> None:
+    """``kiln run``'s prelude in the warm process of ``kiln run --server`` (``kiln_warm``), for
+    kiln's command line ``argv`` (see :func:`kiln._cli._run.prepare`)."""
+    _run.prepare(_parser().parse_args(argv))
 
 
 def _show_warning(show: Callable[..., None]) -> Callable[..., None]:

@@ -143,14 +143,12 @@ def _prelude(args: argparse.Namespace) -> bool:
     return False
 
 
-def prepare(argv: list[str]) -> None:
+def prepare(args: argparse.Namespace) -> None:
     """``kiln run``'s prelude for the warm process of ``kiln run --server`` (``kiln_server``),
     before it imports the program's modules, so that a library's ``from jax import jit`` and
-    its module-level ``@jax.jit`` see the swap as in a plain run: ``argv`` is kiln's command
-    line (its ``--cache-dir``, ``--store``, ``--no-jit`` apply). Starts no JAX backend."""
-    from ._main import _parser
-
-    args = _parser().parse_args(argv)
+    its module-level ``@jax.jit`` see the swap as in a plain run: ``args`` is kiln's parsed
+    command line (its ``--cache-dir``, ``--store``, ``--no-jit`` apply; ``_main.prepare``
+    parses it). Starts no JAX backend."""
     with _config.process_settings(cache_dir=args.cache_dir, store=args.store):
         _prelude(args)
 
