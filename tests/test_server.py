@@ -14,6 +14,7 @@ environment; a zombie is known by its parent's).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
@@ -905,6 +906,21 @@ def test_idle_exit_cap_and_kiln_server_ls_and_stop(place: Place) -> None:
     assert place.servers() == []
     assert run_child([sys.executable, "-m", "kiln", "server", "stop", "nosuchkey"],
                      env=place.env(), timeout=60).returncode == 1
+    # every server that ended took its files with it, its lock too; a killed server's lock is
+    # removed by the next listing, a lock someone holds is left
+    end = time.monotonic() + 30
+    while time.monotonic() < end and any(Path(place.server_dir).glob("*.lock")):
+        time.sleep(0.1)
+    assert sorted(p.name for p in Path(place.server_dir).iterdir()) == []
+    (Path(place.server_dir) / "0123456789abcdef0123.lock").write_text("")
+    held = os.open(Path(place.server_dir) / "fedcba9876543210fedc.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        run_child([sys.executable, "-m", "kiln", "server", "ls"], env=place.env(), timeout=60)
+        assert [p.name for p in Path(place.server_dir).iterdir()] == [
+            "fedcba9876543210fedc.lock"]
+    finally:
+        os.close(held)
 
 
 def test_kiln_server_ls_does_not_import_jax(place: Place) -> None:

@@ -49,6 +49,7 @@ from ._common import (
     read_meta,
     read_record,
     record_path,
+    remove_lock,
     send,
     server_dir,
     setting,
@@ -356,17 +357,22 @@ def _alive(pid: int) -> bool:
 
 def list_servers() -> list[dict[str, Any]]:
     """The live servers of this user (their descriptions); stale files of dead ones are
-    removed."""
+    removed (a lock file only where no process holds it: a server starting holds it before
+    it describes itself)."""
     where = server_dir()
     found = []
-    for name in sorted(os.listdir(where)):
+    names = sorted(os.listdir(where))
+    for name in names:
+        if name.endswith(".lock") and name[:-5] + ".json" not in names:
+            remove_lock(os.path.join(where, name))
         if not name.endswith(".json"):
             continue
         meta = read_meta(os.path.join(where, name))
         if meta is None or not _alive(int(meta.get("pid", 0))):
-            for ext in (".json", ".sock", ".lock"):
+            for ext in (".json", ".sock"):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(where, name[:-5] + ext))
+            remove_lock(os.path.join(where, name[:-5] + ".lock"))
             continue
         found.append(meta)
     return found

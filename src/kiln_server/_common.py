@@ -5,6 +5,7 @@ Standard library only (the client must start in milliseconds, without kiln or ja
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -14,7 +15,8 @@ import sys
 from typing import Any
 
 __all__ = ["Target", "explain", "key_of", "read_meta", "read_record", "record_path",
-           "send", "server_dir", "setting", "write_json", "write_record"]
+           "remove_lock", "send", "server_dir", "setting", "take_lock", "write_json",
+           "write_record"]
 
 # KILN_SERVER* variables steer the client only; every other variable is part of the key
 _OWN_PREFIX = "KILN_SERVER"
@@ -188,6 +190,35 @@ def files_of(key: str, where: str | None = None) -> dict[str, str]:
     """The socket, lock and description files of the server with ``key``."""
     base = os.path.join(where or server_dir(), key[:20])
     return {"sock": base + ".sock", "lock": base + ".lock", "meta": base + ".json"}
+
+
+def take_lock(path: str) -> int | None:
+    """A descriptor of the lock file ``path`` (made if absent) holding its exclusive lock; None
+    where another process holds it. Only a holder unlinks a lock file (:func:`remove_lock`, a
+    server as it ends), so a lock taken on a file unlinked meanwhile is let go and the file now
+    at ``path`` tried instead."""
+    for _ in range(8):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    return None
+
+
+def remove_lock(path: str) -> None:
+    """Unlink the lock file ``path`` if no process holds it (its server was killed)."""
+    fd = take_lock(path) if os.path.exists(path) else None
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def read_meta(path: str) -> dict[str, Any] | None:

@@ -10,7 +10,6 @@ as the client was). Never starts a JAX backend and never holds a thread when it 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import selectors
@@ -22,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from kiln_server._common import Reader, files_of, send, write_json
+from kiln_server._common import Reader, files_of, send, take_lock, write_json
 
 __all__ = ["main"]
 
@@ -42,10 +41,8 @@ def main() -> None:
     sys.path[:] = spec["path"]
     sys.argv = ["kiln"]
     files = files_of(spec["key"], spec["dir"])
-    lock = os.open(files["lock"], os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    lock = take_lock(files["lock"])
+    if lock is None:
         _log("another server holds this key: leaving")
         return
     server = Server(spec, files, lock)
@@ -121,7 +118,7 @@ class Server:
         write_json(self.files["meta"], self.meta)
 
     def _remove(self) -> None:
-        for name in ("sock", "meta"):
+        for name in ("sock", "meta", "lock"):  # the lock last, while this server holds it
             with contextlib.suppress(OSError):
                 os.unlink(self.files[name])
 
