@@ -139,8 +139,9 @@ def test_an_output_structure_that_cannot_be_stored_warns_once_and_is_listed(
     assert "_thread.lock" in next(iter(summary["not_stored"].values()))
 
 
-def _cold_then_warm(tmp_path: Any, script_text: str) -> list[dict[str, Any]]:
-    """Run ``script_text`` in two fresh processes on one empty store; their last JSON lines."""
+def _cold_then_warm(tmp_path: Any, script_text: str, *kiln_run: str) -> list[dict[str, Any]]:
+    """Run ``script_text`` in two fresh processes on one empty store (with ``kiln_run``, e.g.
+    ``"-m", "kiln", "run"``, before the script); their last JSON lines."""
     import json
     import sys
 
@@ -149,7 +150,7 @@ def _cold_then_warm(tmp_path: Any, script_text: str) -> list[dict[str, Any]]:
     env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"))
     runs = []
     for _ in range(2):
-        proc = run_child([sys.executable, script], env=env, timeout=300)
+        proc = run_child([sys.executable, *kiln_run, script], env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr[-5000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return runs
@@ -220,3 +221,57 @@ def test_a_function_leaf_an_output_shares_with_the_inputs_is_the_caller_s(tmp_pa
     assert (cold["compiles"], cold["misses"]) == (1, 1)
     assert (warm["compiles"], warm["misses"], warm["hits"]) == (0, 0, 1)
     assert warm["y"] == cold["y"]
+
+
+NNX_OPTIMIZER = r'''
+import json
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+import kiln
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(4, 8, rngs=rngs)
+        self.l2 = nnx.Linear(8, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(jax.nn.relu(self.l1(x)))
+
+
+model = MLP(nnx.Rngs(0))
+opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+tx = opt.tx
+
+
+@nnx.jit
+def step(model, opt, x, y):
+    loss, grads = nnx.value_and_grad(lambda m: ((m(x) - y) ** 2).mean())(model)
+    opt.update(model, grads)
+    return loss
+
+
+x, y = jnp.linspace(-1, 1, 64).reshape(16, 4), jnp.ones((16, 1))
+losses = [float(step(model, opt, x, y)) for _ in range(12)]
+s = kiln.stats()
+print(json.dumps({"losses": losses, "tx_is_callers": opt.tx is tx, "compiles": s.compiles,
+                  "hits": s.hits, "misses": s.misses, "traces": s.traces,
+                  "hot": s.calls_hot}))
+'''
+
+
+def test_an_nnx_optimizer_s_tx_comes_back_as_the_caller_s(tmp_path) -> None:
+    """flax NNX keeps an optimizer's ``tx`` (optax closures) in a ``Static`` inside the
+    ``GraphDef`` its jitted step takes and returns: a warm result must hold the caller's
+    ``tx``, as a cold one does. A copy made the next call's tree differ from the first's:
+    the warm step missed the process's table again, and traced or loaded the entry again
+    (with ``optax.sgd``, one store load per step)."""
+    cold, warm = _cold_then_warm(tmp_path, NNX_OPTIMIZER, "-m", "kiln", "run")
+    assert (cold["compiles"], cold["misses"], cold["traces"]) == (1, 1, 1)
+    assert (warm["compiles"], warm["misses"], warm["hits"], warm["traces"]) == (0, 0, 1, 0)
+    assert cold["tx_is_callers"] and warm["tx_is_callers"]
+    assert warm["losses"] == cold["losses"] and cold["losses"][-1] < cold["losses"][0]

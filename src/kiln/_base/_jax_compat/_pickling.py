@@ -5,6 +5,7 @@ Part of the JAX gate (:mod:`kiln._base._jax_compat`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import io
 import pickle
@@ -157,9 +158,13 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
     Tree structures among the static values (equinox's ``filter_jit`` under the jax.jit swap
     passes ``(static leaves, treedef)`` pairs: the class of a Module defined in a function is in
     that treedef) are walked as ``treedef`` is, after everything else, so that the positions
-    of what comes before stay those of entries written before they were walked."""
+    of what comes before stay those of entries written before they were walked. Then, last for
+    the same reason, the compared fields of the dataclass instances found (flax NNX's
+    ``GraphDef`` holds an optimizer's ``tx`` in a ``Static`` of a ``NodeDef``'s attributes:
+    by value, a warm step returned a copy of it, so the next call's tree differed and missed)."""
     out: list[Any] = []
     static_trees: list[Any] = []
+    records: list[tuple[Any, int]] = []
 
     def add(obj: Any, depth: int) -> None:
         if isinstance(obj, _ATOMS) or depth > 8:
@@ -167,6 +172,8 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
         out.append(obj)
         if isinstance(obj, _PyTreeDef):
             static_trees.append(obj)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            records.append((obj, depth))
         elif isinstance(obj, tuple | list):
             for item in obj:
                 add(item, depth + 1)
@@ -187,4 +194,9 @@ def input_objects(treedef: Any, statics: Sequence[tuple[Any, Any]] = ()) -> list
         add(value, 0)
     for tree in static_trees:
         walk(tree)
+    # (fields that take part in ==: under one key, equal trees give equal lists)
+    for record, depth in records:  # (grows while it is walked: nested records come after)
+        for field in dataclasses.fields(record):
+            if field.compare:
+                add(getattr(record, field.name, None), depth + 1)
     return out
