@@ -275,3 +275,15 @@ def test_an_nnx_optimizer_s_tx_comes_back_as_the_caller_s(tmp_path) -> None:
     assert (warm["compiles"], warm["misses"], warm["hits"], warm["traces"]) == (0, 0, 1, 0)
     assert cold["tx_is_callers"] and warm["tx_is_callers"]
     assert warm["losses"] == cold["losses"] and cold["losses"][-1] < cold["losses"][0]
+    # never stale: another learning rate (in tx's closures) is another program, whose losses
+    # are a plain run's
+    import json
+    import sys
+
+    (tmp_path / "script.py").write_text(NNX_OPTIMIZER.replace("adam(1e-2)", "adam(5e-2)"))
+    env = child_env(KILN_CACHE_DIR=str(tmp_path / "store"))
+    runs = [run_child([sys.executable, *how, tmp_path / "script.py"], env=env, timeout=300)
+            for how in (("-m", "kiln", "run"), ())]
+    changed, plain = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert changed["compiles"] == 1 and changed["tx_is_callers"]
+    assert changed["losses"] == plain["losses"] != cold["losses"]
