@@ -125,13 +125,15 @@ PROGRAMS: dict[str, tuple[Path, tuple[list[str], dict[str, str]] | None,
     "mjx_humanoid": (LIB / "mjx_humanoid.py", ([], {"EXAMPLE_JIT": "kiln"}), ([], {}),
                      "jax, mujoco, mujoco.mjx"),
     # public programs as published (issue 42): JAX's own example, optax's "Getting started",
-    # purejaxrl's PPO
+    # purejaxrl's PPO, flax's NNX MNIST tutorial (nnx.jit steps taking an nnx.Optimizer)
     "jax_example_mnist_classifier_fromscratch": (
         LIB / "jax_example_mnist_classifier_fromscratch.py", None, ([], {}),
         "jax, jax.scipy.special, sklearn.datasets"),
     "optax_getting_started": (LIB / "optax_getting_started.py", None, ([], {}), "jax, optax"),
     "purejaxrl_ppo": (LIB / "purejaxrl_ppo.py", None, ([], {}),
                       "jax, flax.linen, flax.training.train_state, optax, distrax, gymnax"),
+    "flax_nnx_mnist_tutorial": (LIB / "flax_nnx_mnist_tutorial.py", None, ([], {}),
+                                "jax, flax.nnx, optax, sklearn.datasets"),
 }
 
 # mode: (its cold run's name, its warm runs' name)

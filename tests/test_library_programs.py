@@ -2,8 +2,8 @@
 blackjax's window adaptation and NUTS, a haiku + optax training loop, a jax-md simulation, an
 MJX rollout, gymnax CartPole rollouts, evosax's SNES) and public programs as published (JAX's
 own ``examples/mnist_classifier_fromscratch.py``, optax's "Getting started" notebook,
-purejaxrl's PPO) under ``python -m kiln run --jit``: every ``jax.jit`` outside JAX itself is a
-``kiln.jit``, the libraries' too.
+purejaxrl's PPO, flax's NNX MNIST tutorial) under ``python -m kiln run --jit``: every
+``jax.jit`` outside JAX itself is a ``kiln.jit``, the libraries' too.
 
 Each program runs in fresh processes: plain ``python script`` (``jax.jit`` as JAX defines it),
 then ``kiln run --jit`` on an empty store (cold), then on that store (warm). The values each
@@ -42,6 +42,7 @@ PROGRAMS: dict[str, tuple[str, ...]] = {
     "jax_example_mnist_classifier_fromscratch": ("sklearn",),
     "optax_getting_started": ("optax",),
     "purejaxrl_ppo": ("flax", "optax", "distrax", "gymnax"),
+    "flax_nnx_mnist_tutorial": ("flax.nnx", "optax", "sklearn"),
 }
 TIMINGS = ("time_to_first_result_s", "imports_to_first_result_s")
 SUMMARY = re.compile(r"^kiln: hits: (\d+), misses: (\d+), traces: (\d+), compiles: (\d+)", re.M)
