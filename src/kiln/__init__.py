@@ -5,6 +5,8 @@ import re as _re
 import sys as _sys
 import typing as _typing
 
+from kiln_early import _inputs
+
 from ._base import BundleError as BundleError
 from ._base import Config as Config
 from ._base import ConfigError as ConfigError
@@ -22,6 +24,11 @@ from ._base import configure as configure
 from ._base import get_config as get_config
 from ._base import reset_stats as reset_stats
 from ._base import stats as stats
+
+# the record of the process's inputs (what an entry's guard is made of) from here on, before
+# jax and what kiln imports with it read a file or a variable (kiln run and pytest --kiln
+# start it before the program itself)
+_inputs.start()
 
 if _typing.TYPE_CHECKING:
     # the names whose modules import jax (_JAX_NAMES says where each comes from)

@@ -92,6 +92,12 @@ class Config:
             a module prefix (``mylib``: functions of ``mylib`` and ``mylib.*``, and
             ``jax.jit`` calls made there) or ``module:qualname`` (that function, and the
             methods of a class named so). Default none.
+        guard_exclude: inputs left out of every entry's guard (``KILN_GUARD_EXCLUDE``:
+            comma-separated), at the user's own risk: a warm start no longer verifies when
+            they change, so a change in them that shapes a trace gives a stale result. A kind
+            (``files``, ``listings``, ``env``, ``argv``, ``cwd``, ``distributions``) or a glob
+            pattern of file paths and variable names (``/data/logs/*``, ``MYAPP_RUN_*``).
+            Default none: the guard is never off (``docs/never-stale.md``, "The guard").
     """
 
     cache_dir: Path
@@ -113,6 +119,7 @@ class Config:
     replace_jit: bool = False
     eager: bool = True
     jit_exclude: tuple[str, ...] = ()
+    guard_exclude: tuple[str, ...] = ()
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -224,7 +231,7 @@ def _coerce(name: str, value: Any, *, from_env: bool) -> Any:
             raise ConfigError(f"{where} must be a number of seconds above 0 and at most "
                               f"{_MAX_SECONDS:g} (a year), got {value!r}")
         return seconds
-    if name in ("jit_exclude", "signing_keys_old"):
+    if name in ("jit_exclude", "signing_keys_old", "guard_exclude"):
         if value in (None, ""):
             return ()
         items = value.split(",") if isinstance(value, str) else list(value)

@@ -33,6 +33,12 @@ class Stats:
             checked and loaded; misses included).
         fingerprint_seconds: seconds spent fingerprinting functions (the static walk before a
             store lookup, building a manifest after a cold trace, re-checking one on a hit).
+        verifies: warm lookups whose key matched and whose guard did not (an input of the
+            process differs from the writer's: a file, a variable user code read, the command
+            line, ...), so the function was traced, lowered and compared with the entry once
+            (a hit when the module is the same, a compile when not); a guard verified so is
+            remembered, and the next run with the same inputs traces nothing.
+        guard_seconds: seconds spent checking entries' guards (the inputs of the process).
         bad_entries: corrupt / foreign / tampered entries seen (each replaced).
         store_errors: failures of the store itself (I/O errors, a full or read-only disk, its
             index, a refused directory); the first per store gives a ``StoreWarning``.
@@ -90,6 +96,8 @@ class Stats:
     load_seconds: float = 0.0
     read_seconds: float = 0.0
     fingerprint_seconds: float = 0.0
+    verifies: int = 0
+    guard_seconds: float = 0.0
     bad_entries: int = 0
     store_errors: int = 0
     stores_written: int = 0

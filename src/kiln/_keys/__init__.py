@@ -16,6 +16,9 @@ from ._args import STATIC_LEAF as STATIC_LEAF
 from ._args import check_argnames as check_argnames
 from ._fingerprint import Fingerprint as Fingerprint
 from ._fingerprint import fingerprint as fingerprint
+from ._guard import Guard as Guard
+from ._guard import check as check_guard
+from ._guard import snapshot as guard_snapshot
 from ._hashing import Unpersistable as Unpersistable
 from ._hashing import ndarray_key as ndarray_key
 from ._hashing import static_digest as static_digest
@@ -38,8 +41,9 @@ from ._recorder import TraceRecorder as TraceRecorder
 from ._static_reads import StaticReadWatch as StaticReadWatch
 from ._watchable import watchable as watchable
 
-__all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_manifest", "environment_parts",
-           "Fingerprint", "fingerprint", "is_user_object", "KeyParts",
+__all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_guard", "check_manifest",
+           "environment_parts", "Fingerprint", "fingerprint", "Guard", "guard_snapshot",
+           "is_user_object", "KeyParts",
            "library_version", "machine", "make_key",
            "manifest_for",
            "ndarray_key", "option_text", "script_module", "static_digest", "StaticReadWatch",

@@ -25,11 +25,14 @@ import os
 import pathlib
 import re
 import sys
-import sysconfig
 import types
 from typing import Any
 
 import xxhash
+
+# installed code (LIB_ROOTS), kiln's own (KILN_ROOT) and user code (is_user_file) are told
+# apart where the record of the process's inputs starts, before kiln is imported
+from kiln_early._inputs import KILN_ROOT, LIB_ROOTS, is_user_file
 
 __all__ = [
     "KILN_ROOT",
@@ -43,37 +46,6 @@ __all__ = [
     "module_is_user",
     "script_module",
 ]
-
-# installed code: the interpreter's stdlib and site-packages (libraries count by version)
-LIB_ROOTS = tuple(
-    os.path.realpath(p) + os.sep
-    for p in {
-        sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")
-    }
-    | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
-)
-# kiln's own code: the package and its top-level helpers beside it (the early start JAX
-# imports, the command line's entry, the pytest plugin); their file reads and checks are kiln's,
-# never the program's (a marker kiln_early checks while a noinline function is made in a trace)
-_SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-KILN_ROOT = tuple(os.path.join(_SRC, name) + os.sep
-                  for name in ("kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli", "kiln_pytest"))
-
-
-@functools.lru_cache(maxsize=4096)
-def is_user_file(filename: str) -> bool:
-    """True if ``filename`` is user code (see the module doc), as is code compiled from a
-    string (``python -c``, ``exec``, ``<stdin>``, notebook cells): its bytecode is hashed."""
-    if not filename or filename.startswith("<"):
-        return True
-    if not os.path.isabs(filename) and not os.path.exists(filename):
-        # a compiled extension's code: Cython names its functions' code by the build-time
-        # relative path of their source (netCDF4's ``src/netCDF4/_netCDF4.pyx``), and on
-        # Python 3.12 the trace recorder sees them run; keyed with their library
-        return False
-    real = os.path.realpath(filename)
-    return not real.startswith(LIB_ROOTS) and not real.startswith(KILN_ROOT)
-
 
 @functools.lru_cache(maxsize=4096)
 def installed_path(filename: str) -> str | None:

@@ -9,6 +9,8 @@ import threading
 import types
 from typing import Any
 
+from kiln_early import _inputs
+
 from ._environ import EnvWatch
 from ._libraries import is_user_file, module_is_user
 from ._reads import ReadRecorder
@@ -60,6 +62,10 @@ class TraceRecorder:
       outer ``jax.jit``): not code the trace ran, though on Python 3.11 the equations'
       tracebacks name it (:attr:`kiln._miss._program.Program.calls` leaves it out).
 
+    While it records, the record of the process's inputs (the guard's, :mod:`kiln._keys._guard`)
+    is paused in its thread; when it closes, the files, folders and variables it read are added
+    there (a later trace may read state this one set up from them).
+
     Use as a context manager around the trace; nests (a kiln.jit called while tracing another).
     ``modules_before``: the modules loaded when the static walk ran (default: at entry); a
     module imported since (by a manifest check, say) was not seen by the walk either.
@@ -83,6 +89,7 @@ class TraceRecorder:
     def __enter__(self) -> TraceRecorder:
         self._before = self._before or set(sys.modules)
         self.callers = _library_callers(sys._getframe(1))
+        _inputs.pause()
         if _monitoring is not None:
             with _recorders_lock:
                 if _start_monitoring():
@@ -96,9 +103,11 @@ class TraceRecorder:
         self._env.__exit__(*exc)
         self._rngs.__exit__(*exc)
         self._reads.__exit__(*exc)
+        _inputs.resume()
         if exc[0] is None:
             self.reads = self._reads.items() + self._rngs.items + self._env.items
             self.read_reason = self._reads.unkeyable or self._env.unkeyable
+            _inputs.merge(self.reads)
         if _monitoring is not None:
             with _recorders_lock:
                 if self in _recorders:

@@ -19,6 +19,7 @@ from .._keys import (
     _args,
     avals_text,
     fingerprint,
+    make_key,
     static_digest_by_code,
     treedef_parts,
     watchable,
@@ -145,6 +146,17 @@ class CallKeys:
         function and signature last compiled, from which lowered module (every key part but
         the program's own)."""
         return self.parts.key("alias", "")
+
+    def guards_key(self, key: str) -> str:
+        """The key of the record of the guards verified for the entry under ``key``: the
+        inputs with which a process traced, lowered and compared this call's program since
+        that entry was written, and which entry each of them runs (``kiln._keys._guard``)."""
+        return make_key([("kind", "guards"), ("entry", key)])
+
+    def guarded_key(self, key: str, guard: str) -> str:
+        """The key of the entry the call under ``key`` compiled with the inputs of digest
+        ``guard``, where they made another program than that entry's."""
+        return make_key([("kind", "guarded"), ("entry", key), ("guard", guard)])
 
     def verify_key(self, digest: str, *, inlined: bool = False) -> str:
         """The key of the verify path: by the digest of the lowered module, or of the inlined

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._base import Config, EntryError, StoreError, _stats, decode, get_config, short_key
-from .._keys import manifest_for, user_memos
+from .._base import StoreError, _stats, get_config, short_key
+from .._keys import check_guard, manifest_for, user_memos
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
 from . import _tier_up
 from ._call import Request
@@ -32,7 +32,7 @@ from ._context import MissContext
 from ._explain import Explainer
 from ._program import Program, structs
 from ._progress import compiling
-from ._reader import EntryReader, Fact, Loaded, Outcome
+from ._reader import EntryReader, Fact, Loaded, Outcome, read_records
 from ._writer import EntryWriter
 
 logger = logging.getLogger("kiln")
@@ -72,27 +72,6 @@ class Result:
     tier_up: _tier_up.Plan | None
 
 
-def _read_sets(store: Store, cfg: Config, key: str) -> list[dict[str, Any]] | None:
-    """The read sets of the ``static-reads`` record under ``key`` (the fields each watched
-    static object's trace read, most recent first); None: none, or unreadable; []: a bad one
-    (a hint: any keys soundly, a wrong one only misses; the next record written replaces it)."""
-    try:
-        blob = store.get(key)
-    except (OSError, StoreError):
-        return None  # (the entry's own read meets the fault too, and warns)
-    if blob is None:
-        return None
-    try:
-        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
-    except EntryError as e:
-        logger.debug("kiln: static-reads record %s not used (%s)", short_key(key), e)
-        return []
-    sets = entry.header.get("reads")
-    if entry.header.get("kind") != "static-reads" or not isinstance(sets, list):
-        return []
-    return [r for r in sets if isinstance(r, dict)]
-
-
 class _Miss:
     """One in-process miss of ``request``'s call: load from the store or compile, then store."""
 
@@ -125,9 +104,10 @@ class _Miss:
     # -- static objects keyed by the fields their trace read (kiln._keys._static_reads) -----
     def _static_reads_hint(self, parts: Any) -> dict[str, Any] | None:
         """The first of the read sets in the ``static-reads`` record under ``parts``' key
-        (``CallKeys.reads_key``, :func:`_read_sets`; :meth:`_other_read_sets` tries the
+        (``CallKeys.reads_key``, :func:`read_records`; :meth:`_other_read_sets` tries the
         others), or None."""
-        self._hint_read = _read_sets(self.store, self.cfg, parts.key("static-reads", ""))
+        self._hint_read = read_records(self.store, self.cfg, parts.key("static-reads", ""),
+                                       "static-reads", "reads")
         return self._hint_read[0] if self._hint_read else None
 
     def _other_read_sets(self) -> Loaded | None:
@@ -220,6 +200,8 @@ class _Miss:
                 got = self._other_read_sets() or got
             if got.outcome is Outcome.HIT:
                 return got.executable
+            if got.outcome is Outcome.UNGUARDED:
+                return self._guarded(fp_key, got, t_start)
             if got.outcome is Outcome.VERIFY_ONLY:
                 self.unsound = _MANIFEST_UNSOUND
         if self.unsound is None:
@@ -229,6 +211,8 @@ class _Miss:
             other, lease = self._await_or_lease(fp_key)
             if other is not None and other.outcome is Outcome.HIT:
                 return other.executable
+            if other is not None and other.outcome is Outcome.UNGUARDED:
+                return self._guarded(fp_key, other, t_start)
             if other is not None and other.outcome is Outcome.VERIFY_ONLY:
                 self.unsound = _MANIFEST_UNSOUND
             else:
@@ -244,6 +228,7 @@ class _Miss:
         record the manifest, compile and store under ``fp_key`` (or, when the manifest cannot
         be recorded, write a verify-only marker there and take the verify path)."""
         program = self.program
+        program.guard  # noqa: B018 - the inputs as the call missed, before its trace reads more
         program.trace()
         if program.extra_inputs:
             return self._jax_runs_it()
@@ -257,6 +242,8 @@ class _Miss:
             got = self._load(fp_key)  # (another process may have stored it by these fields)
             if got.outcome is Outcome.HIT:
                 return got.executable
+            if got.outcome is Outcome.UNGUARDED:
+                return self._guarded(fp_key, got, t_start)
         elif self.keys.unsound is not None:
             self.unsound = self.keys.unsound  # a field the trace read has no value
             self.explain("verify-path", f"taking the verify path: {self.unsound}")
@@ -350,6 +337,74 @@ class _Miss:
                 "each process traces and lowers it; a fingerprint that comes again is stored)"))
         return got.executable
 
+    # -- the guard (kiln._keys._guard) ----------------------------------------------------
+    def _guarded(self, key: str, got: Loaded, t_start: float) -> Any:
+        """The entry under ``key`` matches the call's key and manifest, and its guard does not
+        hold here (``got.why``: an input of this process differs from its writer's). A guard
+        verified for it before that holds here: its entry, loaded with no trace. Else verify
+        once: trace and lower; where the module is the entry's own and so is what the trace
+        gives besides it, load it (no compile); where it is not, compile and store it under
+        this guard's own key; then record this guard as verified, so a later process with the
+        same inputs traces nothing (never where a file read here changed before kiln could
+        digest it: :attr:`kiln._keys.Guard.lost`)."""
+        entry = got.entry
+        assert entry is not None  # internal invariant: an UNGUARDED read carries its entry
+        guards_key = self.keys.guards_key(key)
+        known = self.reader.records(guards_key, "guards", "guards")
+        lowered = entry.header.get("lowered")
+        for verified in known or []:
+            target = verified.get("entry")
+            if not isinstance(target, str) or check_guard(verified.get("items")) is not None:
+                continue
+            with self.explain.quietly():
+                if target == key and verified.get("lowered") == lowered:
+                    loaded = self._kept(key, self.reader.use(key, entry, self._facts[key]))
+                else:
+                    loaded = self._load(target)
+            if loaded.outcome is Outcome.HIT:
+                if target == key:
+                    self._entries.append((self.store, key))
+                return loaded.executable
+        program = self.program
+        program.guard  # noqa: B018 - the inputs as the call missed, before its trace reads more
+        _stats.bump(verifies=1)
+        program.trace()
+        if program.extra_inputs:
+            return self._jax_runs_it()
+        record = program.guard.lost is None
+        inlined = entry.header.get("tier") == "inlined"
+        digest = (program.inlined_facts if inlined else program.lowered_facts)[0]
+        if digest == lowered and program.static_changed is None:
+            loaded = self._kept(key, self.reader.use(key, entry, self._facts[key]))
+            if loaded.outcome is Outcome.HIT:
+                self._entries.append((self.store, key))
+                where = key
+                if record and not inlined and not self.writer.same_outputs(entry):
+                    # the same module, another output tree or non-array outputs: an entry
+                    # with this trace's, under this guard's own key
+                    where = self.keys.guarded_key(key, program.guard.digest)
+                    manifest, reason = self._manifest()
+                    written = (None if reason is not None else self.writer.put_same_program(
+                        where, manifest, entry, replace=False))
+                    record = bool(written)
+                if record:
+                    self.writer.put_guard(guards_key, where, known)
+                self.explain("verified", f"verified {self.request.name}: {got.why}; module "
+                             "unchanged, loaded" + ("" if record else " (not remembered: "
+                                                    f"{program.guard.lost or 'not stored'})"))
+                return loaded.executable
+        self.explain("verified", f"verified {self.request.name}: {got.why}; module changed, "
+                     "compiling")
+        manifest, reason = self._manifest()
+        if not record or reason is not None or program.static_changed is not None:
+            self.unsound = reason or program.static_changed or program.guard.lost
+            return self._verify_path(t_start)
+        where = self.fp_key = self.keys.guarded_key(key, program.guard.digest)
+        result = self._compile_and_store(where, manifest, t_start)
+        if any(k == where for _, k in self._entries):
+            self.writer.put_guard(guards_key, where, known)
+        return result
+
     def _verify_path(self, t_start: float) -> Any:
         """Load or compile under keys of the lowered module (the fingerprint is not sound);
         or, where the fingerprint was unsound only for a field of a static object that the
@@ -414,7 +469,8 @@ class _Miss:
         def look() -> tuple[bool, Loaded | None]:
             with self.explain.quietly():  # (polling: no miss explanations, no second warning)
                 got = self._load(key)
-            if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY, Outcome.NOT_STORABLE):
+            if got.outcome in (Outcome.HIT, Outcome.VERIFY_ONLY, Outcome.NOT_STORABLE,
+                               Outcome.UNGUARDED):
                 return True, got
             return got.outcome not in (Outcome.ABSENT, Outcome.STALE), None
 

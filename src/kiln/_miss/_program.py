@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from .._base import Config, _gc, _jax_compat, _stats
-from .._keys import MemoWatch, StaticReadWatch, TraceRecorder
+from .._keys import Guard, MemoWatch, StaticReadWatch, TraceRecorder, guard_snapshot
 from . import _noinline_p
 from ._outputs import Box, abstract_sig
 
@@ -104,6 +104,12 @@ class Program:
         """What this call's inputs hold besides arrays (``_jax_compat.input_objects``): an
         output's tree structure refers to them by position in its entry."""
         return _jax_compat.input_objects(self.treedef, self.input_statics)
+
+    @functools.cached_property
+    def guard(self) -> Guard:
+        """The process's inputs as the call missed (``kiln._keys._guard``): made at the first
+        use, before the trace of a cold call (a warm hit never needs it)."""
+        return guard_snapshot()
 
     def trace(self) -> jax.stages.Traced:
         if self.traced is None:

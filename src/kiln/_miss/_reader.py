@@ -12,6 +12,8 @@ import time
 import warnings
 from typing import Any
 
+from kiln_early import _inputs
+
 from .._base import (
     Entry,
     EntryError,
@@ -24,13 +26,13 @@ from .._base import (
     decode,
     short_key,
 )
-from .._keys import check_manifest
+from .._keys import check_guard, check_manifest
 from ..stores import store_fault, user_stacklevel
 from ._context import MissContext
 from ._explain import describe_persistent_miss
 from ._outputs import wrap_static_outputs
 
-__all__ = ["EntryReader", "Fact", "Loaded", "Outcome"]
+__all__ = ["EntryReader", "Fact", "Loaded", "Outcome", "read_records"]
 
 logger = logging.getLogger("kiln")
 
@@ -43,6 +45,9 @@ class Outcome(enum.Enum):
     STALE = "stale"  # an entry built from something that has changed since
     UNUSABLE = "unusable"  # a corrupt, foreign or tampered entry, or a store that failed
     VERIFY_ONLY = "verify-only"  # a marker: this function takes the verify path
+    # the key and the manifest hold, the guard does not (the process's inputs differ from the
+    # writer's): trace, lower and compare once (``_Miss._guarded``)
+    UNGUARDED = "unguarded"
     # a short-lived marker: the process that compiled it could not store it; compile here now
     # (waiters do not take the key over one after another)
     NOT_STORABLE = "not-storable"
@@ -70,9 +75,33 @@ class Loaded:
     first_tier: bool = False
     facts: Fact = Fact.NONE  # what this read found out about the key
     error: StoreError | None = None  # KILN_STRICT=1: a bad entry's, raised by the miss
+    why: str | None = None  # UNGUARDED: the first input that differs ("coeffs.txt changed")
 
 
 _ABSENT, _STALE, _UNUSABLE = Loaded(Outcome.ABSENT), Loaded(Outcome.STALE), Loaded(Outcome.UNUSABLE)
+
+
+def read_records(store: Any, cfg: Any, key: str, kind: str, field: str,
+                 ) -> list[dict[str, Any]] | None:
+    """The list ``field`` of the record of ``kind`` under ``key`` (the dicts in it, most
+    recent first: a static-reads record's read sets, a guards record's verified guards);
+    None: none, or unreadable; []: a bad one (a record is a hint: any of its dicts is checked
+    before use, and the next record written replaces a bad one)."""
+    try:
+        blob = store.get(key)
+    except (OSError, StoreError):
+        return None  # (the entry's own read meets the fault too, and warns)
+    if blob is None:
+        return None
+    try:
+        entry = decode(blob, signing_key=cfg.signing_key, old_keys=cfg.signing_keys_old, key=key)
+    except EntryError as e:
+        logger.debug("kiln: %s record %s not used (%s)", kind, short_key(key), e)
+        return []
+    got = entry.header.get(field)
+    if entry.header.get("kind") != kind or not isinstance(got, list):
+        return []
+    return [r for r in got if isinstance(r, dict)]
 
 
 class EntryReader:
@@ -152,7 +181,8 @@ class EntryReader:
         marker = self._marker(key, header)
         if marker is not None:
             return marker
-        got = self._stale(header) or self._deserialized(key, entry, known)
+        got = (self._stale(header) or self._unguarded(entry)
+               or self._deserialized(key, entry, known))
         if header.get("tier") == "noinline":
             got = dataclasses.replace(got, first_tier=True)
         return got
@@ -170,6 +200,27 @@ class EntryReader:
             self.explain("manifest", f"stored entry is stale: {changed}")
             return _STALE
         return None
+
+    def _unguarded(self, entry: Entry) -> Loaded | None:
+        """UNGUARDED (with the entry) when the entry's guard does not hold in this process,
+        else None. An entry on the verify path (keyed by its lowered module, never used without
+        a trace) has none."""
+        header = entry.header
+        if "guard" not in header and not header.get("fp_parts"):
+            return None
+        t0 = time.perf_counter()
+        why = check_guard(header.get("guard"))
+        _stats.bump(guard_seconds=time.perf_counter() - t0)
+        return None if why is None else Loaded(Outcome.UNGUARDED, entry=entry, why=why)
+
+    def use(self, key: str, entry: Entry, known: Fact) -> Loaded:
+        """A HIT of ``entry`` (read under ``key``) without its guard's check: a guard verified
+        for it holds, or this process's lowering is the module it was compiled from."""
+        return self._deserialized(key, entry, known)
+
+    def records(self, key: str, kind: str, field: str) -> list[dict[str, Any]] | None:
+        """:func:`read_records` from this miss's store."""
+        return read_records(self.store, self.cfg, key, kind, field)
 
     def _deserialized(self, key: str, entry: Entry, known: Fact) -> Loaded:
         """A HIT of ``entry`` (checked against this process's trace, where there is one, and
@@ -200,6 +251,9 @@ class EntryReader:
                 warnings.warn(str(message), UserWarning, stacklevel=user_stacklevel())
         _stats.bump(hits=1, load_seconds=load_s,
                     saved_seconds=max(0.0, float(header.get("compile_seconds", 0.0)) - load_s))
+        # what the trace read is read in this process as if it had traced (state a later
+        # trace reads may have been set up from it: that one's guard holds it too)
+        _inputs.merge(header.get("manifest") or [])
         logger.debug("kiln: hit %s %s (loaded in %.3f s)", self.request.name, short_key(key),
                      load_s)
         return Loaded(Outcome.HIT, compiled, entry)

@@ -23,6 +23,8 @@ from ._reader import Fact
 
 __all__ = ["EntryWriter"]
 
+_GUARDS = 8  # how many verified guards of one entry a guards record keeps
+
 
 class EntryWriter:
     """The compiles and store writes of one miss (``ctx``), which keeps nothing: a write is
@@ -114,6 +116,35 @@ class EntryWriter:
                               float(old.get("xla_compile_seconds", 0.0)),
                               *program.lowered_facts)
         return self.put(key, header, sections, replace=replace)
+
+    def same_outputs(self, entry: Entry) -> bool:
+        """Whether ``entry`` (of this very lowered module) holds what this process's trace
+        gives besides the module (the output tree, non-array outputs, how host callbacks are
+        bound), so that a process with the same inputs may load it without tracing."""
+        program = self.program
+        try:
+            sections, mode = _jax_compat.sections_for_trace(
+                entry.sections, _jax_compat.host_callbacks(program.lower()),
+                program.traced.out_tree if program.traced is not None else None,
+                program.static_out(), program.input_objects(),
+                live=self.keys.fp.objects, is_user=is_user_object, codes=self.keys.fp.codes)
+        except _jax_compat.Unserializable:
+            return False
+        return (mode == entry.header.get("callbacks") and sections.keys() == entry.sections.keys()
+                and all(sections[k] == entry.sections[k] for k in sections))
+
+    def put_guard(self, key: str, entry_key: str, known: list[dict[str, Any]] | None) -> None:
+        """Record under ``key`` (``CallKeys.guards_key``) that with this process's inputs the
+        call runs the entry under ``entry_key``, compiled from the module this process lowered
+        (the most recent first, the last ``_GUARDS`` kept; ``known``: the record read)."""
+        guard = self.program.guard
+        new = {"items": guard.items, "digest": guard.digest, "entry": entry_key,
+               "lowered": self.program.lowered_facts[0], "created": time.time()}
+        sets = [new] + [g for g in known or [] if g.get("digest") != guard.digest][:_GUARDS - 1]
+        self.put(key, {"kind": "guards", "function": self.request.function,
+                       "signature": self.keys.signature, "guards": sets,
+                       "created": time.time()},
+                 {}, counted=False, replace=known is not None)
 
     def compile_inlined_and_write(self, key: str | None, args: list[Any], t0: float, *,
                                   fingerprinted: bool, replace: bool,
@@ -236,6 +267,10 @@ class EntryWriter:
             "trace_seconds": program.trace_seconds,
             "created": time.time(),
         }
+        if manifest is not None:
+            # keyed by the fingerprint, used without a trace: only where the process's inputs
+            # are as they were here (kiln._keys._guard), else verified first
+            header["guard"] = program.guard.items
         if program.lower_warnings:
             header["warnings"] = program.lower_warnings  # replayed by every load (the reader)
         if program.called_names:
