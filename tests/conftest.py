@@ -125,7 +125,8 @@ EVENTS = {
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "jax_lowerings",
     "/jax/core/compile/backend_compile_duration": "xla_compiles",
 }
-COUNTERS = ("hits", "misses", "traces", "compiles", "calls_hot", "bad_entries", "stores_written")
+COUNTERS = ("hits", "misses", "traces", "compiles", "calls_hot", "bad_entries", "stores_written",
+            "verifies")
 
 
 class _Counter:

@@ -368,8 +368,8 @@ def _cwd() -> str:
 
 def _distributions() -> str:
     """Every distribution installed on ``sys.path``, once per process: the folders' names and
-    each one's ``RECORD`` (by content; an ``.egg-info`` without one by its entry points and
-    ``PKG-INFO``), and the ``.pth`` and ``.egg-link`` files beside them."""
+    each one's ``RECORD`` and entry points (by content; one without a ``RECORD`` by its
+    ``PKG-INFO`` or ``METADATA`` too), and the ``.pth`` and ``.egg-link`` files beside them."""
     if _snapshots.dists is not None:
         return _snapshots.dists
     h = xxhash.xxh3_128()
@@ -387,7 +387,7 @@ def _distributions() -> str:
             if name.endswith((".dist-info", ".egg-info")):
                 files = [os.path.join(full, n) for n in ("RECORD", "entry_points.txt",
                                                           "PKG-INFO", "METADATA")]
-                files = files[:1] if os.path.isfile(files[0]) else files[1:]
+                files = files[:2] if os.path.isfile(files[0]) else files[1:]
             elif name.endswith((".pth", ".egg-link")):
                 files = [full]
             else:

@@ -17,8 +17,10 @@ own loop thread and pool), and after the trace turns them into manifest items
 
 - ``[path, "<file>", digest, stat]``: a file the trace opened for reading, by the xxh3-128
   digest of its content (``"absent"`` when it did not exist: a trace that falls back to a
-  default when the file is missing). ``stat`` is ``"size:mtime_ns"``; a warm lookup stats the
-  file and reads it again only when size or mtime moved. A file modified less than 2 seconds
+  default when the file is missing). ``stat`` is ``"size:mtime_ns:inode:ctime_ns"``; a warm
+  lookup stats the file and reads it again only when one of them moved (a file replaced by
+  another of the same size and modification time, ``cp -p``, has another inode or change
+  time). A file modified less than 2 seconds
   before the trace gets an empty ``stat`` and is always read (a later write within the same
   mtime tick would not move it: git's "racy" entries). A SQLite database (``sqlite3.connect``:
   SQLite opens the file in C, so no ``open`` event) is three such items: the database file and
@@ -235,7 +237,7 @@ class ReadRecorder:
 
     def __init__(self, ignore: tuple[str, ...] = ()) -> None:
         self.ignore = tuple(os.path.abspath(p) + os.sep for p in ignore)
-        self.seen: dict[tuple[str, str], tuple[int, int, int, int] | None] = {}
+        self.seen: dict[tuple[str, str], tuple[int, int, int, int, int] | None] = {}
         self.checked: dict[tuple[str, str], str] = {}  # (path, how) -> value
         self.written: set[str] = set()
         self.unkeyable: str | None = None
@@ -294,7 +296,8 @@ class ReadRecorder:
         return out
 
 
-def _unkeyable_path(full: str, st: tuple[int, int, int, int] | None, kind: str) -> str | None:
+def _unkeyable_path(full: str, st: tuple[int, int, int, int, int] | None,
+                    kind: str) -> str | None:
     if st is None:
         return None
     mode = st[0]
@@ -309,10 +312,12 @@ def _unkeyable_path(full: str, st: tuple[int, int, int, int] | None, kind: str) 
     return f"it is {what}; its content cannot be keyed"
 
 
-def _stat_text(st: tuple[int, int, int, int] | None) -> str:
-    if st is None or time.time_ns() - st[2] < _RACY_NS:
+def _stat_text(st: tuple[int, int, int, int, int] | None) -> str:
+    """``size:mtime_ns:inode:ctime_ns`` (a file replaced by another of the same size and
+    modification time has another inode or change time), or ``""`` for a racy one."""
+    if st is None or time.time_ns() - max(st[2], st[4]) < _RACY_NS:
         return ""
-    return f"{st[1]}:{st[2]}"
+    return f"{st[1]}:{st[2]}:{st[3]}:{st[4]}"
 
 
 def _content_digest(full: str, kind: str) -> str:
@@ -336,7 +341,7 @@ def check_read(path: str, kind: str, digest: str, stat_text: str) -> str | None:
         return None if digest == "absent" else f"{path} no longer exists"
     if digest == "absent":
         return f"{path} exists now (absent when the entry was made)"
-    if stat_text and stat_text == f"{now[1]}:{now[2]}":
+    if stat_text and stat_text == _stat_text(now):
         return None
     try:
         if _content_digest(full, kind) == digest:

@@ -29,8 +29,10 @@ STAT = "<stat>"
 # stdlib modules whose reads are never a program's input: source shown in a warning or a
 # traceback, and package metadata (importlib.metadata scans sys.path for distributions: what
 # kiln counts by version)
-_SOURCE_READERS = (f"{os.sep}linecache.py", f"{os.sep}tokenize.py",
-                   f"{os.sep}importlib{os.sep}metadata{os.sep}__init__.py",
+# (linecache is not one: a data file it reads, ``linecache.getline("coeffs.txt", 2)``, is the
+# program's input; the source of a loaded module it reads for a traceback is code, left out
+# by _note)
+_SOURCE_READERS = (f"{os.sep}importlib{os.sep}metadata{os.sep}__init__.py",
                    f"{os.sep}importlib{os.sep}metadata{os.sep}_adapters.py")
 _IMPORT_SYSTEM = ("<frozen importlib", "<frozen zipimport")
 
@@ -143,10 +145,11 @@ def _frame_kind(frame: Any) -> int:
 def _caller_is_machinery(frame: Any) -> bool:
     """The audited call is made for the import system importing a module, for kiln itself
     (its store: files, locks, a Redis connection, even through a library such as redis-py or
-    filelock), by ``linecache`` reading source to show it (a warning, a formatted traceback),
-    or by ``importlib.metadata`` looking up a distribution: the nearest frame outside the
-    stdlib and site-packages is kiln's, or the way there passes the import system or
-    ``linecache``. ``frame``: the frame that made the call. A library called by user code
+    filelock), or by ``importlib.metadata`` looking up a distribution: the nearest frame
+    outside the stdlib and site-packages is kiln's, or the way there passes the import system
+    or ``importlib.metadata``. ``frame``: the frame that made the call. (``linecache`` reading
+    a data file, ``linecache.getline("coeffs.txt", 2)``, is the program's read; the source
+    of a loaded module it reads for a traceback is left out by :func:`_note`.) A library called by user code
     (``np.load``) is the user's read, and so is a loader's ``get_data`` called from outside
     the import system (``pkgutil.get_data(__name__, "coeffs.txt")``, a resource reader): the
     package data it returns is the program's input, not a module being imported."""
@@ -267,13 +270,13 @@ def _is_module_source(full: str) -> bool:
     return any(isinstance(f, str) and (f == full or os.path.realpath(f) == real) for f in files)
 
 
-def _stat(full: str) -> tuple[int, int, int, int] | None:
-    """(mode, size, mtime_ns, inode), or None when nothing is there."""
+def _stat(full: str) -> tuple[int, int, int, int, int] | None:
+    """(mode, size, mtime_ns, inode, ctime_ns), or None when nothing is there."""
     try:
         st = _os_stat(full)
     except OSError:
         return None
-    return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino
+    return st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
 # -- checks that open nothing: os.stat, os.lstat, os.access -----------------------------------
