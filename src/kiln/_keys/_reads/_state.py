@@ -149,10 +149,11 @@ def _caller_is_machinery(frame: Any) -> bool:
     outside the stdlib and site-packages is kiln's, or the way there passes the import system
     or ``importlib.metadata``. ``frame``: the frame that made the call. (``linecache`` reading
     a data file, ``linecache.getline("coeffs.txt", 2)``, is the program's read; the source
-    of a loaded module it reads for a traceback is left out by :func:`_note`.) A library called by user code
-    (``np.load``) is the user's read, and so is a loader's ``get_data`` called from outside
-    the import system (``pkgutil.get_data(__name__, "coeffs.txt")``, a resource reader): the
-    package data it returns is the program's input, not a module being imported."""
+    of a loaded module it reads for a traceback is left out by :func:`_note`.) A library
+    called by user code (``np.load``) is the user's read, and so is a loader's ``get_data``
+    called from outside the import system (``pkgutil.get_data(__name__, "coeffs.txt")``, a
+    resource reader): the package data it returns is the program's input, not a module being
+    imported."""
     modules = _module_kinds
     for _ in range(64):
         if frame is None:
