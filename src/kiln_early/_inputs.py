@@ -485,3 +485,4 @@ def _module_kind(name: Any, frame: Any) -> str:
     if isinstance(name, str) and len(_kinds) < 1 << 14:
         _kinds[name] = kind
     return kind
+

@@ -68,9 +68,10 @@ def _fields_in(code: types.CodeType, name: str, mapping: bool) -> frozenset[str]
         if op.opname not in _NAME_OPS or op.argval != name:
             continue
         if op.opname not in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR") or (
-                op.opname == "LOAD_GLOBAL" and op.argrepr.startswith("NULL")) or (
                 op.opname == "LOAD_ATTR" and "NULL" in op.argrepr):
-            return None  # stored, deleted, a local of that name, or called (``CFG(...)``)
+            return None  # stored, deleted, a local of that name, or a method's load
+        # (``LOAD_GLOBAL (NULL + ACTS)`` starts a call whose callee is read from the global:
+        # ``ACTS["relu"](x)``; ``CFG(...)`` itself reads no field, below)
         field = _field_read(ins, k + 1, mapping)
         if field is None:
             return None

@@ -16,8 +16,9 @@ process had seen it when the call missed (:func:`snapshot`), as manifest-like it
 - ``[path, "<dir>", digest]``: a folder listed, by its sorted names;
 - ``[name, "<env>", digest]``: an environment variable user code read (``"absent"``: unset),
   or ``["<environ>", "<env>", digest, "all"]`` when user code iterated the whole environment;
-- ``["<argv>", "<argv>", digest]`` (``sys.orig_argv``: the command line, a ``-c`` program's
-  code too), ``["<cwd>", "<cwd>", digest]`` (the working folder) and
+- ``["<argv>", "<argv>", digest]``: the command line (``sys.argv``: under ``kiln run`` the
+  script's, as under ``python``); ``["<code>", "<code>", digest]``: a ``python -c`` program's
+  text (its code has no file); ``["<cwd>", "<cwd>", digest]`` (the working folder) and
   ``["<distributions>", "<dists>", digest]`` (every distribution installed on ``sys.path``: its
   folder's name and its ``RECORD``, which lists each installed file with its hash, so a package
   reinstalled at the same version, an editable one's new entry point, count);
@@ -65,12 +66,13 @@ from ._libraries import KILN_ROOT, is_user_file
 __all__ = ["Guard", "check", "snapshot"]
 
 FILE, DIR, ENV = "<file>", "<dir>", "<env>"
-ARGV, CWD, DISTS = "<argv>", "<cwd>", "<dists>"
+ARGV, CODE, CWD, DISTS = "<argv>", "<code>", "<cwd>", "<dists>"
 KINDS = {  # guard_exclude's kinds -> the items' kinds they leave out
-    "files": (FILE,), "listings": (DIR,), "env": (ENV,), "argv": (ARGV,), "cwd": (CWD,),
+    "files": (FILE,), "listings": (DIR,), "env": (ENV,), "argv": (ARGV, CODE), "cwd": (CWD,),
     "distributions": (DISTS,),
 }
-_RACY_NS = 2_000_000_000
+_RACY_NS = 2_000_000_000  # a file system with whole-second times
+_RACY_FINE_NS = 50_000_000  # one with finer times
 _CHUNK = 1 << 20
 
 
@@ -98,7 +100,16 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
 
 
 def _identity_text(identity: tuple[int, ...] | None) -> str:
-    if identity is None or time.time_ns() - max(identity[3], identity[4]) < _RACY_NS:
+    """The identity as an item keeps it, or ``""`` for a file changed so recently that another
+    change in the same clock tick would leave it as it is (git's "racy" entries): such a file
+    is read. The tick is the file system's: a whole second where its times have no fraction
+    (FAT, HFS+, some network file systems: 2 s allowed), else a few milliseconds (50 ms
+    allowed: ext4, XFS, tmpfs stamp times from the kernel's coarse clock)."""
+    if identity is None:
+        return ""
+    newest = max(identity[3], identity[4])
+    coarse = identity[3] % 1_000_000_000 == 0 and identity[4] % 1_000_000_000 == 0
+    if time.time_ns() - newest < (_RACY_NS if coarse else _RACY_FINE_NS):
         return ""
     return ":".join(map(str, identity))
 
@@ -268,7 +279,10 @@ def _make() -> Guard:
     for item in _inputs.merged():
         if item[1] == ENV or not item[0].startswith(ignored):
             items.setdefault((item[0], item[1]), item)
-    items[(ARGV, ARGV)] = [ARGV, ARGV, _argv_digest()]
+    items[(ARGV, ARGV)] = [ARGV, ARGV, _argv_now()]
+    code = _command_code()
+    if code is not None:
+        items[(CODE, CODE)] = [CODE, CODE, _text_digest(code)]
     items[(CWD, CWD)] = [CWD, CWD, _text_digest(_cwd())]
     items[(DISTS, DISTS)] = ["<distributions>", DISTS, _distributions()]
     kept = [item for item in items.values() if not _excluded(item, cfg.guard_exclude)]
@@ -354,9 +368,19 @@ def _pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def _argv_digest() -> str:
-    argv = getattr(sys, "orig_argv", None) or sys.argv
-    return _text_digest("\0".join(argv))
+def _argv_now() -> str:
+    return _text_digest("\0".join(str(a) for a in sys.argv))
+
+
+def _command_code() -> str | None:
+    """The text of a ``python -c`` program (``sys.orig_argv``), or None."""
+    orig = list(getattr(sys, "orig_argv", ()))
+    for i, arg in enumerate(orig[1:-1], 1):
+        if arg == "-c":
+            return orig[i + 1]
+        if not arg.startswith("-") or arg in ("-m", "--"):
+            return None
+    return None
 
 
 def _cwd() -> str:
@@ -473,7 +497,9 @@ def _changed(name: str, kind: str, digest: str, item: list[str],
         return (None if _text_digest(value) == digest
                 else f"environment variable {name} changed")
     if kind == ARGV:
-        return None if _argv_digest() == digest else "the command line changed"
+        return None if _argv_now() == digest else "the command line changed"
+    if kind == CODE:
+        return None if _text_digest(_command_code()) == digest else "the -c program changed"
     if kind == CWD:
         return None if _text_digest(_cwd()) == digest else "the working folder changed"
     if kind == DISTS:
