@@ -179,7 +179,9 @@ def merge(items: Iterable[list[str]]) -> None:
         for item in items:
             if (isinstance(item, list) and len(item) >= 3
                     and item[1] in ("<file>", "<dir>", "<env>")
-                    and all(isinstance(p, str) for p in item)):
+                    and all(isinstance(p, str) for p in item)
+                    and item[3:4] != ["all"]):  # (a trace that iterated the whole environment
+                # misses on any change of it itself; its every variable is no later one's input)
                 kind = item[1]
                 name = item[0] if kind == "<env>" else os.path.abspath(item[0])
                 # (a file by its content, its identity left out; a variable as the trace had it,

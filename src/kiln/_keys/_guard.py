@@ -60,7 +60,7 @@ import xxhash
 
 from kiln_early import _inputs
 
-from .._base import get_config
+from .._base import _jax_compat, get_config
 from ._libraries import KILN_ROOT, is_user_file
 
 __all__ = ["Guard", "check", "snapshot"]
@@ -369,7 +369,16 @@ def _pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
 
 
 def _argv_now() -> str:
-    return _text_digest("\0".join(str(a) for a in sys.argv))
+    """The command line's digest, less a ``jax.distributed`` job's coordinator address (its
+    host and port, which a launcher picks anew for every job): where the job's processes
+    meet is not what they compute, and the key holds the job's topology already."""
+    args = [str(a) for a in sys.argv]
+    address = _jax_compat.coordinator_address() if "jax" in sys.modules else None
+    if address is not None:
+        port = address.rpartition(":")[2]
+        args = ["<coordinator>" if a in (address, port) or a.endswith(":" + port) else a
+                for a in args]
+    return _text_digest("\0".join(args))
 
 
 def _command_code() -> str | None:

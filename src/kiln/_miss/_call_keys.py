@@ -147,11 +147,12 @@ class CallKeys:
         the program's own)."""
         return self.parts.key("alias", "")
 
-    def guards_key(self, key: str) -> str:
-        """The key of the record of the guards verified for the entry under ``key``: the
-        inputs with which a process traced, lowered and compared this call's program since
-        that entry was written, and which entry each of them runs (``kiln._keys._guard``)."""
-        return make_key([("kind", "guards"), ("entry", key)])
+    def guards_key(self, key: str, guard: str) -> str:
+        """The key of the record that the call under ``key`` was verified with the inputs of
+        digest ``guard`` (``kiln._keys._guard``): which entry it runs with them, compiled from
+        which module. One record per guard: processes that verify at once never overwrite
+        each other's."""
+        return make_key([("kind", "guard"), ("entry", key), ("guard", guard)])
 
     def guarded_key(self, key: str, guard: str) -> str:
         """The key of the entry the call under ``key`` compiled with the inputs of digest

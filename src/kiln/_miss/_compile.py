@@ -349,13 +349,15 @@ class _Miss:
         digest it: :attr:`kiln._keys.Guard.lost`)."""
         entry = got.entry
         assert entry is not None  # internal invariant: an UNGUARDED read carries its entry
-        guards_key = self.keys.guards_key(key)
-        known = self.reader.records(guards_key, "guards", "guards")
+        program = self.program
+        guard = program.guard
         lowered = entry.header.get("lowered")
-        for verified in known or []:
-            target = verified.get("entry")
-            if not isinstance(target, str) or check_guard(verified.get("items")) is not None:
-                continue
+        guards_key = self.keys.guards_key(key, guard.digest)
+        verified = None
+        if guard.lost is None:
+            verified = self.reader.verified(guards_key)
+        if verified is not None and check_guard(verified.get("items")) is None:
+            target = verified["entry"]
             with self.explain.quietly():
                 if target == key and verified.get("lowered") == lowered:
                     loaded = self._kept(key, self.reader.use(key, entry, self._facts[key]))
@@ -365,8 +367,6 @@ class _Miss:
                 if target == key:
                     self._entries.append((self.store, key))
                 return loaded.executable
-        program = self.program
-        program.guard  # noqa: B018 - the inputs as the call missed, before its trace reads more
         _stats.bump(verifies=1)
         program.trace()
         if program.extra_inputs:
@@ -388,7 +388,7 @@ class _Miss:
                         where, manifest, entry, replace=False))
                     record = bool(written)
                 if record:
-                    self.writer.put_guard(guards_key, where, known)
+                    self.writer.put_guard(guards_key, where)
                 self.explain("verified", f"verified {self.request.name}: {got.why}; module "
                              "unchanged, loaded" + ("" if record else " (not remembered: "
                                                     f"{program.guard.lost or 'not stored'})"))
@@ -402,7 +402,7 @@ class _Miss:
         where = self.fp_key = self.keys.guarded_key(key, program.guard.digest)
         result = self._compile_and_store(where, manifest, t_start)
         if any(k == where for _, k in self._entries):
-            self.writer.put_guard(guards_key, where, known)
+            self.writer.put_guard(guards_key, where)
         return result
 
     def _verify_path(self, t_start: float) -> Any:

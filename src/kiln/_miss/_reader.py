@@ -218,9 +218,25 @@ class EntryReader:
         for it holds, or this process's lowering is the module it was compiled from."""
         return self._deserialized(key, entry, known)
 
-    def records(self, key: str, kind: str, field: str) -> list[dict[str, Any]] | None:
-        """:func:`read_records` from this miss's store."""
-        return read_records(self.store, self.cfg, key, kind, field)
+    def verified(self, key: str) -> dict[str, Any] | None:
+        """The header of the ``guard`` record under ``key`` (``CallKeys.guards_key``: a guard
+        verified for an entry), or None: none, unreadable, or not one (a record is a hint: what
+        it names is checked before use)."""
+        try:
+            blob = self.store.get(key)
+        except (OSError, StoreError):
+            return None  # (the entry's own read meets the fault too, and warns)
+        if blob is None:
+            return None
+        try:
+            header = decode(blob, signing_key=self.cfg.signing_key,
+                            old_keys=self.cfg.signing_keys_old, key=key).header
+        except EntryError as e:
+            logger.debug("kiln: guard record %s not used (%s)", short_key(key), e)
+            return None
+        if header.get("kind") != "guard" or not isinstance(header.get("entry"), str):
+            return None
+        return header
 
     def _deserialized(self, key: str, entry: Entry, known: Fact) -> Loaded:
         """A HIT of ``entry`` (checked against this process's trace, where there is one, and

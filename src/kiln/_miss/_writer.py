@@ -23,8 +23,6 @@ from ._reader import Fact
 
 __all__ = ["EntryWriter"]
 
-_GUARDS = 8  # how many verified guards of one entry a guards record keeps
-
 
 class EntryWriter:
     """The compiles and store writes of one miss (``ctx``), which keeps nothing: a write is
@@ -133,18 +131,16 @@ class EntryWriter:
         return (mode == entry.header.get("callbacks") and sections.keys() == entry.sections.keys()
                 and all(sections[k] == entry.sections[k] for k in sections))
 
-    def put_guard(self, key: str, entry_key: str, known: list[dict[str, Any]] | None) -> None:
-        """Record under ``key`` (``CallKeys.guards_key``) that with this process's inputs the
-        call runs the entry under ``entry_key``, compiled from the module this process lowered
-        (the most recent first, the last ``_GUARDS`` kept; ``known``: the record read)."""
+    def put_guard(self, key: str, entry_key: str) -> None:
+        """Record under ``key`` (``CallKeys.guards_key``: this entry and guard) that with this
+        process's inputs the call runs the entry under ``entry_key``, compiled from the module
+        this process lowered."""
         guard = self.program.guard
-        new = {"items": guard.items, "digest": guard.digest, "entry": entry_key,
-               "lowered": self.program.lowered_facts[0], "created": time.time()}
-        sets = [new] + [g for g in known or [] if g.get("digest") != guard.digest][:_GUARDS - 1]
-        self.put(key, {"kind": "guards", "function": self.request.function,
-                       "signature": self.keys.signature, "guards": sets,
+        self.put(key, {"kind": "guard", "function": self.request.function,
+                       "signature": self.keys.signature, "items": guard.items,
+                       "entry": entry_key, "lowered": self.program.lowered_facts[0],
                        "created": time.time()},
-                 {}, counted=False, replace=known is not None)
+                 {}, counted=False, replace=True)
 
     def compile_inlined_and_write(self, key: str | None, args: list[Any], t0: float, *,
                                   fingerprinted: bool, replace: bool,

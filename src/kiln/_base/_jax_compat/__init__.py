@@ -35,7 +35,7 @@ from ._dispatch import (
     raise_floating_point_error,
     traced_extra_inputs,
 )
-from ._distributed import write_from_every_process
+from ._distributed import coordinator_address, write_from_every_process
 from ._eager import (
     StoredCall,
     avals_text_of,
@@ -116,7 +116,7 @@ __all__ = [
     "at_top_level",
     "broadcast_prefix",
     "codes_in_jaxpr",
-    "compile_options_digest",
+    "compile_options_digest", "coordinator_address",
     "compile_to_store",
     "default_device_text",
     "eqns_in",

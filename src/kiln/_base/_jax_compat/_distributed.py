@@ -76,3 +76,14 @@ def write_from_every_process(when: Callable[[], bool]) -> bool:
     compiler.distributed = _DistributedSeenByCompiler("jax._src.distributed")
     compiler._cache_write = _cache_write
     return True
+
+
+def coordinator_address() -> str | None:
+    """The coordinator's address of this process's ``jax.distributed`` job (``host:port``),
+    or None outside one (``jax._src.distributed.global_state``, jax 0.4+)."""
+    try:
+        from jax._src import distributed
+    except ImportError:  # pragma: no cover - (jax without the distributed runtime)
+        return None
+    address = getattr(distributed.global_state, "coordinator_address", None)
+    return address if isinstance(address, str) and address else None
