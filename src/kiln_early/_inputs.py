@@ -15,8 +15,9 @@ from the same inputs):
 - **directories listed** (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``), by a digest
   of their sorted names when first listed, less the names of files this process wrote;
 - **environment variables read by user code** (``os.environ[...]``, ``.get``, ``os.getenv``,
-  ``in``), by their first value; user code that iterates the whole environment records it
-  whole (every name and value).
+  ``in``), by their first value; where user code iterates the environment, the names it holds
+  (in its order; each value it then reads, ``items()``, ``dict(os.environ)``, is a read by
+  name as above).
 
 Not recorded: the installed code and data of the stdlib and site-packages (they count by
 version and by their ``RECORD``), kiln's own files, ``__pycache__``, ``/proc``, ``/sys`` and
@@ -123,7 +124,7 @@ _files: dict[str, Observed] = {}  # absolute path -> as first read
 _listings: dict[str, str] = {}  # absolute path -> digest of the names when first listed
 _written: set[str] = set()  # files first opened for writing (and folders created) here
 _env: dict[str, str | None] = {}  # variable read by user code -> its first value
-_whole_env: list[tuple[str, str]] | None = None  # the environment, first iterated by user code
+_whole_env: list[str] | None = None  # the environment's names, first iterated by user code
 _merged: dict[tuple[str, str], list[str]] = {}  # (name, kind) -> a trace's manifest item
 _paused: dict[int, int] = {}  # thread id -> open trace recordings (their reads are the trace's)
 _overwrite: list[Callable[[str, Observed], None]] = []  # digests a file about to change
@@ -207,7 +208,8 @@ def env_reads() -> dict[str, str | None]:
         return dict(_env)
 
 
-def whole_environment() -> list[tuple[str, str]] | None:
+def whole_environment() -> list[str] | None:
+    """The environment's names (less ``KILN_*``) when user code first iterated it, or None."""
     return _whole_env
 
 
@@ -443,7 +445,7 @@ def _note_env(env: Any, key: Any, value: Any) -> None:
 
 def _note_whole() -> None:
     global _whole_env
-    _whole_env = environment()
+    _whole_env = [name for name, _ in environment()]
 
 
 def _read_by_user() -> bool:

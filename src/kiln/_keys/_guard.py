@@ -15,7 +15,8 @@ process had seen it when the call missed (:func:`snapshot`), as manifest-like it
   a file changed less than 2 s before: git's "racy" rule);
 - ``[path, "<dir>", digest]``: a folder listed, by its sorted names;
 - ``[name, "<env>", digest]``: an environment variable user code read (``"absent"``: unset),
-  or ``["<environ>", "<env>", digest, "all"]`` when user code iterated the whole environment;
+  and ``["<environ>", "<env>", digest, "names"]`` when user code iterated the environment: its
+  names (each value read is an item of its own);
 - ``["<argv>", "<argv>", digest]``: the command line (``sys.argv``: under ``kiln run`` the
   script's, as under ``python``); ``["<code>", "<code>", digest]``: a ``python -c`` program's
   text (its code has no file); ``["<cwd>", "<cwd>", digest]`` (the working folder) and
@@ -273,9 +274,9 @@ def _make() -> Guard:
             items[(path, DIR)] = [path, DIR, digest]
     for name, value in sorted(_inputs.env_reads().items()):
         items[(name, ENV)] = [name, ENV, _text_digest(value)]
-    whole = _inputs.whole_environment()
-    if whole is not None:
-        items[("<environ>", ENV)] = ["<environ>", ENV, _pairs_digest(whole), "user"]
+    names = _inputs.whole_environment()
+    if names is not None:
+        items[("<environ>", ENV)] = ["<environ>", ENV, _text_digest("\0".join(names)), "names"]
     for item in _inputs.merged():
         if item[1] == ENV or not item[0].startswith(ignored):
             items.setdefault((item[0], item[1]), item)
@@ -495,12 +496,15 @@ def _changed(name: str, kind: str, digest: str, item: list[str],
                 now = "absent"
         return None if now == digest else f"the listing of {name} changed"
     if kind == ENV:
-        if len(item) > 3:  # the whole environment: as user code first iterated it ("user"), or
-            # as a trace did (a manifest's "all": kiln's own variables too)
-            whole = _inputs.whole_environment() if item[3] == "user" else None
-            if whole is None:
-                whole = _inputs.environment(kiln=item[3] == "all")
-            return None if _pairs_digest(whole) == digest else "the environment changed"
+        if len(item) > 3 and item[3] == "names":  # the names user code iterated
+            names = _inputs.whole_environment()
+            if names is None:
+                names = [name for name, _ in _inputs.environment()]
+            return (None if _text_digest("\0".join(names)) == digest
+                    else "the environment's variables changed")
+        if len(item) > 3:  # a trace's whole environment: names and values, kiln's too
+            return (None if _pairs_digest(_inputs.environment(kiln=True)) == digest
+                    else "the environment changed")
         reads = _inputs.env_reads()
         value = reads[name] if name in reads else _inputs.environ_value(name)
         return (None if _text_digest(value) == digest
