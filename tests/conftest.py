@@ -322,6 +322,16 @@ def assert_warm(rec: dict[str, Any]) -> None:
     assert rec["compiles"] == 0 and rec["xla_compiles"] == 0, rec
 
 
+def assert_same_key(rec: dict[str, Any]) -> None:
+    """The key held: loaded, never compiled; traced at most once, and only to verify the guard
+    (an input of the process changed since the entry was written: a file, the program's own
+    source, a variable it read; ``kiln._keys._guard``)."""
+    assert "error" not in rec, rec["error"]
+    assert rec["hits"] == 1 and rec["misses"] == 0, rec
+    assert rec["compiles"] == 0 and rec["xla_compiles"] == 0, rec
+    assert rec["traces"] == rec["verifies"] <= 1, rec
+
+
 def assert_warm_verified(rec: dict[str, Any]) -> None:
     """A hit that traced and lowered (verify path / audit mode) but never compiled."""
     assert "error" not in rec, rec["error"]
@@ -333,8 +343,9 @@ def assert_warm_verified(rec: dict[str, Any]) -> None:
 @pytest.fixture(scope="session")
 def xp() -> types.SimpleNamespace:
     """Cross-process helpers: ``xp.Program(folder)``, ``xp.value(rec)``, ``xp.assert_cold``,
-    ``xp.assert_warm``, ``xp.assert_warm_verified`` (test modules cannot import conftest)."""
+    ``xp.assert_warm``, ``xp.assert_same_key``, ``xp.assert_warm_verified`` (test modules
+    cannot import conftest)."""
     return types.SimpleNamespace(
         Program=Program, value=value, assert_cold=assert_cold, assert_warm=assert_warm,
-        assert_warm_verified=assert_warm_verified,
+        assert_warm_verified=assert_warm_verified, assert_same_key=assert_same_key,
     )

@@ -492,8 +492,14 @@ def test_kiln_run_m_runs_a_module_with_its_arguments(tmp_path):
     cold = _result(_kiln_run(tmp_path, "-m", "pkg.train", "--steps", "3", "-x"))
     assert cold == {"argv": ["--steps", "3", "-x"], "name": "__main__", "out": [0.0, 2.0, 4.0],
                     "type": "SwappedJit", "traces": 1, "hits": 0}
-    warm = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", "a"))
-    assert warm == {**cold, "argv": ["a"], "traces": 0, "hits": 1}
+    warm = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", "--steps", "3", "-x"))
+    assert warm == {**cold, "traces": 0, "hits": 1}
+    # other arguments: an input of the guard (kiln._keys._guard), verified once (the same
+    # module: loaded), then warm
+    other = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", "a"))
+    assert other == {**cold, "argv": ["a"], "traces": 1, "hits": 1}
+    again = _result(_kiln_run(tmp_path, "--jit", "-m", "pkg.train", "a"))
+    assert again == {**cold, "argv": ["a"], "traces": 0, "hits": 1}
     # --no-jit (or KILN_REPLACE_JIT=0): jax.jit as JAX defines it; a package runs its __main__;
     # an option after the module is the module's
     plain = _result(_kiln_run(tmp_path, "--no-jit", "-m", "pkg"))
@@ -562,9 +568,13 @@ def _pytest(tmp_path: Path, *flags: str, **env_extra: str) -> tuple[int, int, in
 @pytest.mark.slow
 def test_pytest_kiln_jit_second_run_traces_nothing(tmp_path):
     assert _pytest(tmp_path, "--kiln") == (0, 3, 3)  # the swap: --kiln's default
+    assert _pytest(tmp_path, "--kiln") == (3, 0, 0)
+    # another command line is another input of the guard (kiln._keys._guard): each function
+    # verified once (traced, its module the same: loaded, no compile), then warm
+    assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (3, 0, 3)
     assert _pytest(tmp_path, "--kiln", "--kiln-jit") == (3, 0, 0)
-    assert _pytest(tmp_path, KILN_PYTEST_JIT="1") == (3, 0, 0)
-    assert _pytest(tmp_path, KILN_PYTEST="1") == (3, 0, 0)
+    assert _pytest(tmp_path, KILN_PYTEST_JIT="1") == (3, 0, 3)
+    assert _pytest(tmp_path, KILN_PYTEST="1") == (3, 0, 0)  # (the same command line)
 
 
 @pytest.mark.slow
@@ -715,7 +725,7 @@ def test_equinox_filter_jit_under_the_swap_warm_starts_donates_and_never_goes_st
     for name in ("apply", "instance", "kiln_instance"):
         assert edited[name]["misses"] == 1 and edited[name]["py_traces"] == 1, name
         assert edited[name]["leaves"] != plain[name]["leaves"], name
-    xp.assert_warm(edited["warn"])  # reads no SCALE
+    xp.assert_same_key(edited["warn"])  # reads no SCALE (its file was edited: verified once)
     prog.edit("prog.py", "return self.mlp(x), eqx.tree_at", "return -self.mlp(x), eqx.tree_at")
     edited = prog.run(main=KILN_RUN_JIT)
     assert edited["method"]["misses"] == 1 and edited["method"]["py_traces"] == 1

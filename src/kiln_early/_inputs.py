@@ -12,8 +12,8 @@ from the same inputs):
   size, modification and change times); their content is digested later, when a guard is
   made (``kiln._keys._guard``), or at once where the process is about to overwrite, rename
   over or remove a file it has read and not digested yet (:func:`set_overwrite_hook`);
-- **directories listed** (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``), by a digest
-  of their sorted names when first listed, less the names of files this process wrote;
+- **directories listed** (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``), by their
+  sorted names when first listed, less the names of files this process wrote;
 - **environment variables read by user code** (``os.environ[...]``, ``.get``, ``os.getenv``,
   ``in``), by their first value; where user code iterates the environment, the names it holds
   (in its order; each value it then reads, ``items()``, ``dict(os.environ)``, is a read by
@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["KILN_ROOT", "LIB_ROOTS", "Observed", "env_reads", "environ_value", "environment",
-           "files", "is_user_file", "listing_digest", "listings", "merge", "merged", "pause",
+           "files", "is_user_file", "listings", "merge", "merged", "pause",
            "resume", "set_overwrite_hook", "sizes", "start", "started", "whole_environment",
            "written"]
 
@@ -121,7 +121,7 @@ class Observed:
 
 _lock = threading.RLock()
 _files: dict[str, Observed] = {}  # absolute path -> as first read
-_listings: dict[str, str] = {}  # absolute path -> digest of the names when first listed
+_listings: dict[str, tuple[str, ...] | None] = {}  # absolute path -> names when first listed
 _written: set[str] = set()  # files first opened for writing (and folders created) here
 _env: dict[str, str | None] = {}  # variable read by user code -> its first value
 _whole_env: list[str] | None = None  # the environment's names, first iterated by user code
@@ -198,7 +198,7 @@ def files() -> dict[str, Observed]:
         return dict(_files)
 
 
-def listings() -> dict[str, str]:
+def listings() -> dict[str, tuple[str, ...] | None]:
     with _lock:
         return dict(_listings)
 
@@ -362,25 +362,13 @@ def _note_listing(full: str) -> None:
         if full in _listings or _under_written(full):
             return
     try:
-        names = os.listdir(full)  # (no event: this hook does not record its own listing)
+        names: tuple[str, ...] | None = tuple(sorted(
+            name for name in os.listdir(full)  # (no event: this hook records not its own)
+            if os.path.join(full, name) not in _written))
     except OSError:
-        digest = "absent"
-    else:
-        digest = listing_digest(full, names)
+        names = None
     with _lock:
-        _listings.setdefault(full, digest)
-
-
-def listing_digest(full: str, names: list[str]) -> str:
-    """The digest of a folder's names (sorted) as a guard keys it: xxh3-128, as a trace's
-    listings are keyed; less the files this process wrote there."""
-    import xxhash  # (kiln's dependency; only where a folder is listed)
-
-    h = xxhash.xxh3_128()
-    for name in sorted(names):
-        if os.path.join(full, name) not in _written:
-            h.update(name.encode("utf-8", "surrogateescape") + b"\0")
-    return h.hexdigest()
+        _listings.setdefault(full, names)
 
 
 def _before_change(path: Any) -> None:

@@ -269,9 +269,9 @@ def _make() -> Guard:
     lost = lost or modules_lost
     for item in modules:
         items.setdefault((item[0], FILE), item)
-    for path, digest in sorted(_inputs.listings().items()):
+    for path, listed in sorted(_inputs.listings().items()):
         if not path.startswith(ignored):
-            items[(path, DIR)] = [path, DIR, digest]
+            items[(path, DIR)] = [path, DIR, _listing_digest(path, listed, ignored)]
     for name, value in sorted(_inputs.env_reads().items()):
         items[(name, ENV)] = [name, ENV, _text_digest(value)]
     names = _inputs.whole_environment()
@@ -354,6 +354,20 @@ def _excluded(item: list[str], exclude: tuple[str, ...]) -> bool:
         elif item[1] in (FILE, DIR, ENV) and fnmatch.fnmatchcase(item[0], rule):
             return True
     return False
+
+
+def _listing_digest(path: str, names: tuple[str, ...] | None, ignored: tuple[str, ...]) -> str:
+    """A folder's names (sorted) as a guard keys them, less what the process wrote there and
+    kiln's and JAX's caches (a store made in the folder the program lists); ``"absent"``."""
+    if names is None:
+        return "absent"
+    written = _inputs.written()
+    h = xxhash.xxh3_128()
+    for name in sorted(names):
+        full = os.path.join(path, name)
+        if full not in written and not (full + os.sep).startswith(ignored):
+            h.update(name.encode("utf-8", "surrogateescape") + b"\0")
+    return h.hexdigest()
 
 
 def _text_digest(value: str | None) -> str:
@@ -446,6 +460,7 @@ def check(items: Any) -> str | None:
     cfg = get_config()
     files, listings = _inputs.files(), _inputs.listings()
     traced = {(m[0], m[1]): m for m in _inputs.merged()}  # what this process's traces read
+    env_reads = _inputs.env_reads()
     for item in items:
         if not isinstance(item, list) or len(item) < 3 or not all(isinstance(p, str)
                                                                  for p in item):
@@ -454,8 +469,8 @@ def check(items: Any) -> str | None:
             continue
         name, kind, digest = item[0], item[1], item[2]
         seen = traced.get((name, kind))
-        if (seen is not None and seen[3:4] == item[3:4] and name not in files
-                and name not in listings):
+        first = files if kind == FILE else listings if kind == DIR else env_reads
+        if seen is not None and seen[3:4] == item[3:4] and name not in first:
             # read by a trace here (or by the trace of an entry loaded here), as it read it
             if seen[2] == digest:
                 continue
@@ -470,7 +485,8 @@ def check(items: Any) -> str | None:
 
 
 def _changed(name: str, kind: str, digest: str, item: list[str],
-             files: dict[str, _inputs.Observed], listings: dict[str, str]) -> str | None:
+             files: dict[str, _inputs.Observed],
+             listings: dict[str, tuple[str, ...] | None]) -> str | None:
     if kind == FILE:
         identity = item[3] if len(item) > 3 else ""
         seen = files.get(name)
@@ -488,19 +504,22 @@ def _changed(name: str, kind: str, digest: str, item: list[str],
                 now = _digests.digest(name, st)
         return None if now == digest else f"{name} changed"
     if kind == DIR:
-        now = listings.get(name)
-        if now is None:
+        ignored = _ignored_roots(get_config())
+        if name in listings:
+            now = _listing_digest(name, listings[name], ignored)
+        else:
             try:
-                now = _inputs.listing_digest(name, os.listdir(name))
+                names: tuple[str, ...] | None = tuple(os.listdir(name))
             except OSError:
-                now = "absent"
+                names = None
+            now = _listing_digest(name, names, ignored)
         return None if now == digest else f"the listing of {name} changed"
     if kind == ENV:
         if len(item) > 3 and item[3] == "names":  # the names user code iterated
-            names = _inputs.whole_environment()
-            if names is None:
-                names = [name for name, _ in _inputs.environment()]
-            return (None if _text_digest("\0".join(names)) == digest
+            variables = _inputs.whole_environment()
+            if variables is None:
+                variables = [name for name, _ in _inputs.environment()]
+            return (None if _text_digest("\0".join(variables)) == digest
                     else "the environment's variables changed")
         if len(item) > 3:  # a trace's whole environment: names and values, kiln's too
             return (None if _pairs_digest(_inputs.environment(kiln=True)) == digest
