@@ -509,10 +509,11 @@ def test_run_reports_miss_then_persistent_hit(
     assert re.search(r"compile_seconds: \d+\.\d\d, saved_seconds: 0\.00(,|$)", summary)
     assert sys.argv == argv
 
-    # The script defines a new function object: a persistent hit, nothing traced or compiled.
-    code, out, err = _run(["--cache-dir", str(cache), "run", str(script)], capsys)
+    # The script defines a new function object: a persistent hit, nothing traced or compiled
+    # (its command line as before: another one is another input of the guard, verified once)
+    code, out, err = _run(["--cache-dir", str(cache), "run", str(script), "a", "--b"], capsys)
     assert code == 0
-    assert out == "[3.0, 3.0] [] __main__\n"
+    assert out == "[3.0, 3.0] ['a', '--b'] __main__\n"
     summary = _summary(err)
     assert summary.startswith(
         "kiln: hits: 1, misses: 0, traces: 0, compiles: 0, compile_seconds: 0.00, saved_seconds: "

@@ -26,7 +26,7 @@ import pytest
 from kiln_early import _inputs
 
 import kiln
-from kiln._keys import _guard
+from kiln._keys import _guard, _reads
 
 FILE = "<file>"
 
@@ -42,7 +42,7 @@ def _fresh_snapshot() -> _guard.Guard:
 
 # -- what a stored guard's check reads ---------------------------------------------------------
 def test_an_unchanged_file_is_checked_by_its_identity_alone(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(_guard, "_RACY_FINE_NS", 0)  # (the clock: the file is not "racy")
+    monkeypatch.setattr(_reads, "_RACY_FINE_NS", 0)  # (the clock: the file is not "racy")
     path = tmp_path / "checkpoint.bin"
     path.write_bytes(b"\1" * 4096)
     st = os.stat(path)
@@ -57,7 +57,7 @@ def test_an_unchanged_file_is_checked_by_its_identity_alone(tmp_path: Path, monk
 
 def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_read_again(
         tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(_guard, "_RACY_FINE_NS", 0)
+    monkeypatch.setattr(_reads, "_RACY_FINE_NS", 0)
     path = tmp_path / "table.bin"
     path.write_bytes(b"\1" * 64)
     old = path.stat().st_mtime_ns - 10_000_000_000

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln._keys import _reads
 from kiln._keys._reads import DIR, FILE, STAT, ReadRecorder, check_read, check_stat
 
 
@@ -31,18 +32,20 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def _old(path: Path) -> None:
-    """Back-date a file past the racy window, so its stat is recorded."""
+def _old(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Back-date a file past the racy window, so its stat is recorded (its change time, which
+    no call back-dates, is taken as old enough: the clock is the test's)."""
     t = time.time() - 60
     os.utime(path, (t, t))
+    monkeypatch.setattr(_reads, "_RACY_FINE_NS", 0)
 
 
-def test_files_and_listings_are_recorded_by_content(cwd: Path) -> None:
+def test_files_and_listings_are_recorded_by_content(cwd: Path, monkeypatch) -> None:
     (cwd / "cfg.json").write_text('{"scale": 2.0}')
     (cwd / "data").mkdir()
     (cwd / "data" / "b").write_text("")
     (cwd / "data" / "a").write_text("")
-    _old(cwd / "cfg.json")
+    _old(cwd / "cfg.json", monkeypatch)
     with ReadRecorder() as r:
         with open("cfg.json") as fh:
             json.load(fh)
@@ -56,7 +59,8 @@ def test_files_and_listings_are_recorded_by_content(cwd: Path) -> None:
     assert r.unkeyable is None
     assert [i[:2] for i in items] == [["cfg.json", FILE], ["data", DIR], ["missing.json", FILE]]
     cfg, data, missing = items
-    assert cfg[3] == f"{(cwd / 'cfg.json').stat().st_size}:{(cwd / 'cfg.json').stat().st_mtime_ns}"
+    st = (cwd / "cfg.json").stat()
+    assert cfg[3] == f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}:{st.st_ctime_ns}"
     assert missing[2] == "absent"
     assert all(check_read(*i) is None for i in items)
     (cwd / "cfg.json").write_text('{"scale": 3.0}')
@@ -69,23 +73,23 @@ def test_files_and_listings_are_recorded_by_content(cwd: Path) -> None:
     assert check_read(*cfg) == "cfg.json no longer exists"
 
 
-def test_a_warm_check_stats_first_and_reads_only_when_size_or_mtime_moved(cwd: Path) -> None:
+def test_a_warm_check_stats_first_and_reads_when_the_stat_moved(cwd: Path, monkeypatch) -> None:
     f = cwd / "w.npy"
     np.save(f, np.ones(3, np.float32))
-    _old(f)
+    _old(f, monkeypatch)
     with ReadRecorder() as r:
         np.load("w.npy")
     (item,) = r.items()
     st = f.stat()
+    assert check_read(*item) is None  # (a stat: unchanged)
     # same content, new mtime: read again, found equal
     os.utime(f, (time.time(), time.time()))
     assert check_read(*item) is None
-    # new content behind the recorded size and mtime: the stat says unchanged (as make, git
-    # and ccache trust it); the recorded stat is what a warm check compares first
+    # new content behind the recorded size and mtime (as `cp -p` or a restore leaves it): its
+    # change time moved, which no call sets back, so it is read, and found changed
     np.save(f, np.full(3, 2.0, np.float32))
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert check_read(*item) is None
-    os.utime(f, (time.time(), time.time()))
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     assert check_read(*item) == "w.npy changed"
 
 
@@ -191,7 +195,7 @@ def test_package_data_read_through_a_loader_is_the_user_s_read(
                                      "file:p.db?mode=memory-wal"]),
 ])
 def test_a_sqlite_database_is_keyed_with_its_companion_files(
-    cwd: Path, database: str, uri: bool, keyed: list[str]
+    cwd: Path, database: str, uri: bool, keyed: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The database file and its -wal / -journal companions by content (a file: URI by its
     path, and by the name as given: the event does not say whether uri=True); an in-memory
@@ -201,7 +205,7 @@ def test_a_sqlite_database_is_keyed_with_its_companion_files(
     with sqlite3.connect("p.db") as db:
         db.execute("CREATE TABLE t (v REAL)")
     db.close()
-    _old(cwd / "p.db")
+    _old(cwd / "p.db", monkeypatch)
     with ReadRecorder() as r:
         sqlite3.connect(database, uri=uri).close()
     items = r.items()
@@ -216,11 +220,11 @@ def test_a_sqlite_database_is_keyed_with_its_companion_files(
         assert check_read(*next(i for i in items if i[0] == "p.db")) == "p.db changed"
 
 
-def test_path_checks_are_keyed_by_what_they_see(cwd: Path) -> None:
+def test_path_checks_are_keyed_by_what_they_see(cwd: Path, monkeypatch) -> None:
     """Existence and type checks open nothing: os.stat, os.lstat and os.access are wrapped
     while a recording is open, and each check is keyed by what it could see."""
     (cwd / "there.json").write_text("{}")
-    _old(cwd / "there.json")
+    _old(cwd / "there.json", monkeypatch)
     with ReadRecorder() as r:
         assert os.stat is not os.stat.__wrapped__  # type: ignore[attr-defined]
         assert os.stat in os.supports_dir_fd  # shutil.rmtree keeps its descriptor walk

@@ -52,7 +52,6 @@ import os
 import sys
 import sysconfig
 import threading
-import time
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -63,6 +62,7 @@ from kiln_early import _inputs
 
 from .._base import _jax_compat, get_config
 from ._libraries import KILN_ROOT, is_user_file
+from ._reads import racy
 
 __all__ = ["Guard", "check", "snapshot"]
 
@@ -72,8 +72,6 @@ KINDS = {  # guard_exclude's kinds -> the items' kinds they leave out
     "files": (FILE,), "listings": (DIR,), "env": (ENV,), "argv": (ARGV, CODE), "cwd": (CWD,),
     "distributions": (DISTS,),
 }
-_RACY_NS = 2_000_000_000  # a file system with whole-second times
-_RACY_FINE_NS = 50_000_000  # one with finer times
 _CHUNK = 1 << 20
 
 
@@ -101,16 +99,8 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
 
 
 def _identity_text(identity: tuple[int, ...] | None) -> str:
-    """The identity as an item keeps it, or ``""`` for a file changed so recently that another
-    change in the same clock tick would leave it as it is (git's "racy" entries): such a file
-    is read. The tick is the file system's: a whole second where its times have no fraction
-    (FAT, HFS+, some network file systems: 2 s allowed), else a few milliseconds (50 ms
-    allowed: ext4, XFS, tmpfs stamp times from the kernel's coarse clock)."""
-    if identity is None:
-        return ""
-    newest = max(identity[3], identity[4])
-    coarse = identity[3] % 1_000_000_000 == 0 and identity[4] % 1_000_000_000 == 0
-    if time.time_ns() - newest < (_RACY_NS if coarse else _RACY_FINE_NS):
+    """The identity as an item keeps it, or ``""`` for a racy file (:func:`racy`: read)."""
+    if identity is None or racy(identity[3], identity[4]):
         return ""
     return ":".join(map(str, identity))
 

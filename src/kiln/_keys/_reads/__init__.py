@@ -89,7 +89,8 @@ from ._c_readers import (
 )
 from ._state import DIR, FILE, STAT, check_stat
 
-__all__ = ["DIR", "FILE", "is_probe", "STAT", "ReadRecorder", "check_read", "check_stat"]
+__all__ = ["DIR", "FILE", "is_probe", "STAT", "ReadRecorder", "check_read", "check_stat",
+           "racy"]
 
 
 _READS = frozenset({"open", "os.listdir", "os.scandir"})
@@ -109,7 +110,9 @@ _UNKEYABLE = {
 }
 _WATCHED = _READS | {_DATABASE, _RAW_THREAD, _IMPORT} | frozenset(_UNKEYABLE)
 
-_RACY_NS = 2_000_000_000  # a file modified this recently is always re-read (mtime granularity)
+# a file changed this recently is always read again (racy): on a file system with whole-second
+# times, and on one with finer times
+_RACY_NS, _RACY_FINE_NS = 2_000_000_000, 50_000_000
 _CHUNK = 1 << 20
 
 _hook_installed = False
@@ -312,10 +315,20 @@ def _unkeyable_path(full: str, st: tuple[int, int, int, int, int] | None,
     return f"it is {what}; its content cannot be keyed"
 
 
+def racy(mtime_ns: int, ctime_ns: int) -> bool:
+    """A file changed so recently that another change in the same clock tick would leave its
+    stat as it is (git's "racy" entries): read it rather than trust its stat. The tick is the
+    file system's: a whole second where its times have no fraction (FAT, HFS+, some network
+    file systems: 2 s allowed), else a few milliseconds (50 ms allowed: ext4, XFS, tmpfs stamp
+    times from the kernel's coarse clock)."""
+    coarse = mtime_ns % 1_000_000_000 == 0 and ctime_ns % 1_000_000_000 == 0
+    return time.time_ns() - max(mtime_ns, ctime_ns) < (_RACY_NS if coarse else _RACY_FINE_NS)
+
+
 def _stat_text(st: tuple[int, int, int, int, int] | None) -> str:
     """``size:mtime_ns:inode:ctime_ns`` (a file replaced by another of the same size and
     modification time has another inode or change time), or ``""`` for a racy one."""
-    if st is None or time.time_ns() - max(st[2], st[4]) < _RACY_NS:
+    if st is None or racy(st[2], st[4]):
         return ""
     return f"{st[1]}:{st[2]}:{st[3]}:{st[4]}"
 
