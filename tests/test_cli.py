@@ -305,6 +305,7 @@ def test_stats(filled: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "functions": {DOUBLE: 2, INC: 1},
         "machines": {kiln._keys._key.machine(): 3},
         "verify_only_markers": 0,
+        "verified_guards": 0,
         "not_stored": {},
         "unreadable": 0,
         "stray_files": 0,

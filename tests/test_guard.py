@@ -15,6 +15,7 @@ moves the guard.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 from kiln_early import _inputs
+from kiln_test_children import run_child
 
 import kiln
 from kiln._keys import _guard, _reads
@@ -268,6 +270,12 @@ def test_inputs_that_change_and_inputs_that_do_not(tmp_path: Path, xp: Any) -> N
     back = run()
     xp.assert_warm(back)
     assert back["leaves"] == cold["leaves"]
+    # kiln stats counts the guards verified (the run name, the dataset, the edit after the
+    # trace; the scaled program is another key)
+    summary = json.loads(run_child(
+        [sys.executable, "-m", "kiln", "--cache-dir", str(prog.cache), "stats", "--json"],
+        check=True).stdout)
+    assert summary["verified_guards"] == 3, summary
 
 
 BIG = '''

@@ -24,8 +24,10 @@ _clock: Callable[[], float] = time.time
 
 # the kinds of entry with no executable behind them, only a marker: "this fingerprint needs
 # the verify path", or "this function's executable cannot be stored" (with the reason); an
-# alias ("this function and signature last compiled the entry under that key") is not listed
+# alias ("this function and signature last compiled the entry under that key") is not listed,
+# nor a guard record ("with these inputs the entry was verified": counted by kiln stats)
 _MARKERS = ("verify-only", "unstorable", "not-storable")
+_GUARD = "guard"
 
 
 def register(verbs: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -92,7 +94,7 @@ def _rows(store: Store) -> list[_Row]:
         seconds = float(seconds) if isinstance(seconds, int | float) else None
         if kind == "alias":
             continue  # bookkeeping of the entry it names (kiln._miss._compile._same_program)
-        if kind in _MARKERS:
+        if kind in (*_MARKERS, _GUARD):
             function = header.get("function")
             function = function if isinstance(function, str) and "." in function else "-"
             rows.append(_Row(key, kind, function, "-", size, created, last_used, None))
@@ -120,7 +122,7 @@ def _rows(store: Store) -> list[_Row]:
 # -- kiln ls -------------------------------------------------------------------------------------
 def _cmd_ls(args: argparse.Namespace) -> int:
     store = open_store()
-    rows = _rows(store)
+    rows = [r for r in _rows(store) if r.kind != _GUARD]
     if args.machine:
         want = args.machine.lower()
         rows = [r for r in rows if r.machine is not None and want in r.machine.lower()]
@@ -233,7 +235,8 @@ def _split_leaves(signature: str) -> list[str]:
 def _cmd_stats(args: argparse.Namespace) -> int:
     store = open_store()
     rows = _rows(store)
-    functions = Counter(r.function for r in rows if r.kind not in (*_MARKERS, "unreadable"))
+    functions = Counter(r.function for r in rows
+                        if r.kind not in (*_MARKERS, _GUARD, "unreadable"))
     temp_files, temp_bytes = inventory.temp_usage(store)
     show(_Summary(
         store=store.url,
@@ -243,6 +246,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         functions=dict(sorted(functions.items())),
         machines=dict(sorted(Counter(r.machine for r in rows if r.machine).items())),
         verify_only_markers=sum(r.kind == "verify-only" for r in rows),
+        verified_guards=sum(r.kind == _GUARD for r in rows),
         not_stored={r.function: str((store.header(r.key) or {}).get("reason", "?"))
                     for r in rows if r.kind == "unstorable"},
         unreadable=sum(r.kind == "unreadable" for r in rows),
@@ -266,6 +270,9 @@ class _Summary:
         functions: executables per function.
         machines: the machine kinds the store serves (kiln._keys._machine): entries per kind.
         verify_only_markers: fingerprints that need the verify path.
+        verified_guards: guards verified for an entry (``kiln._keys._guard``): a process whose
+            inputs differed from the entry's writer's traced and compared once, and a later
+            one with those inputs loads with no trace.
         not_stored: functions whose executable could not be stored, with the reason (kiln
             warned once).
         unreadable: entries whose header does not read.
@@ -283,6 +290,7 @@ class _Summary:
     functions: dict[str, int]
     machines: dict[str, int]
     verify_only_markers: int
+    verified_guards: int
     not_stored: dict[str, str]
     unreadable: int
     stray_files: int
@@ -303,6 +311,9 @@ class _Summary:
         yield f"compile seconds stored: {self.compile_seconds:.2f}"
         if self.verify_only_markers:
             yield f"verify-only markers: {self.verify_only_markers}"
+        if self.verified_guards:
+            yield (f"verified guards: {self.verified_guards} (inputs with which an entry was "
+                   "traced and compared once: loaded with no trace from then on)")
         if self.unreadable:
             yield f"unreadable: {self.unreadable}"
         if self.not_stored:

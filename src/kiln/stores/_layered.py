@@ -351,7 +351,7 @@ class LayeredStore:
 
 
 #: The counters a layered store records in its stores (``kiln stats`` shows them).
-COUNTED = ("hits", "compiles", "remote_hits", "remote_misses", "remote_timeouts",
+COUNTED = ("hits", "compiles", "verifies", "remote_hits", "remote_misses", "remote_timeouts",
            "remote_errors", "lease_waits", "lease_takeovers")
 _layered: weakref.WeakSet[LayeredStore] = called_at_exit("record_counts")
 
