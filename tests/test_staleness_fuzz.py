@@ -33,6 +33,11 @@ method body, an environment variable). What the corpus covers:
   environment variable a library reads while tracing; jax's own functions (``jax.nn``);
 - JAX extension points: custom primitives (lowering rules, ``mlir.lower_fun``),
   ``np.frompyfunc``;
+- state set up before the trace and read through a channel no watcher of the key follows (the
+  guard's, ``kiln._keys._guard``): a library's settings container filled by setup code, a
+  C-level context (``decimal``), a standard-library cache (``linecache``), a
+  ``WeakValueDictionary`` registry, a virtual subclass (``ABC.register``), an installed
+  package's entry points at the same version;
 - process-wide settings (``jax.config``: x64, optimizations, PRNG; ``XLA_FLAGS``; a flax flag).
 
 The test runs in two modes (:data:`MODES`), each on a store of its own, with the same edits:
@@ -1640,6 +1645,127 @@ CORPUS: list[Template] = [
         },
         {"fast_math": Site("xla_flags_set_in_program", ("true", "false"))},
         own_process=True,
+    ),
+    # ---- state set up before the trace, read through a channel no watcher of the key follows
+    # (closed by the guard, kiln._keys._guard): a library's settings container filled by setup
+    # code, a C-level context, a standard-library cache, a registry, virtual subclasses, an
+    # installed package's entry points
+    Template(
+        "set_up_before",
+        {
+            "__init__.py": "",
+            "coeffs.txt": "# coefficients\n$lc_c\n",
+            "setup_state.py": """\
+                import decimal
+                import weakref
+
+                import fz_fakelib5
+
+                fz_fakelib5.config("scale", $ct_scale)  # a library's settings container
+                decimal.getcontext().prec = $dec_prec  # a C-level context
+
+
+                class Double:
+                    scale = 2.0
+
+
+                class Triple:
+                    scale = 3.0
+
+
+                LAYERS = weakref.WeakValueDictionary()
+                LAYERS["act"] = $wr_cls  # a registry filled at import
+                """,
+            "shapes.py": """\
+                import abc
+
+
+                class Shape(abc.ABC):
+                    pass
+
+
+                class Circle:
+                    pass
+
+
+                if $abc_on:
+                    Shape.register(Circle)  # a virtual subclass
+                """,
+            "main.py": """\
+                import decimal
+                import importlib.metadata
+                import linecache
+                from pathlib import Path
+
+                import fz_fakelib5
+                import numpy as np
+
+                from . import setup_state, shapes
+
+                ARG = np.array([0.5, 1.25, -2.0], dtype=np.float32)
+                COEFFS = str(Path(__file__).with_name("coeffs.txt"))
+                linecache.getline(COEFFS, 2)  # read before the trace: linecache's cache holds it
+
+
+                def f_container(x):
+                    return fz_fakelib5.apply(x)
+
+
+                def f_decimal(x):
+                    return x * float(decimal.Decimal(1) / decimal.Decimal(7))
+
+
+                def f_linecache(x):
+                    return x * float(linecache.getline(COEFFS, 2))
+
+
+                def f_registry(x):
+                    return x * setup_state.LAYERS["act"].scale
+
+
+                def f_virtual(x):
+                    return x * (2.0 if isinstance(shapes.Circle(), shapes.Shape) else 5.0)
+
+
+                def f_entry_points(x):
+                    found = importlib.metadata.entry_points(group="fz_fakelib5.scales")
+                    return x * sum(ep.load() for ep in sorted(found, key=lambda ep: ep.name))
+
+
+                FUNCS = ["f_container", "f_decimal", "f_linecache", "f_registry", "f_virtual",
+                         "f_entry_points"]
+                """,
+            "../site-packages/fz_fakelib5/__init__.py": """\
+                _CONFIG = {"scale": 1.0}
+                BASE = 1.0
+                EXTRA = 10.0
+
+
+                def config(name, value):
+                    _CONFIG[name] = value
+
+
+                def apply(x):
+                    return x * _CONFIG["scale"]
+                """,
+            "../site-packages/fz_fakelib5-1.0.dist-info/METADATA": (
+                "Metadata-Version: 2.1\nName: fz_fakelib5\nVersion: 1.0\n"),
+            "../site-packages/fz_fakelib5-1.0.dist-info/top_level.txt": "fz_fakelib5\n",
+            # an installed package reinstalled at the same version with another entry point
+            "../site-packages/fz_fakelib5-1.0.dist-info/entry_points.txt": (
+                "[fz_fakelib5.scales]\nbase = fz_fakelib5:BASE\n$ep_extra\n"),
+            "../site-packages/fz_fakelib5-1.0.dist-info/RECORD": lambda v: _record(
+                "fz_fakelib5-1.0.dist-info/entry_points.txt",
+                f"[fz_fakelib5.scales]\nbase = fz_fakelib5:BASE\n{v['ep_extra']}\n"),
+        },
+        {
+            "ct_scale": Site("library_container_set_up_before"),
+            "dec_prec": Site("c_level_context_set_up_before", ("2", "3", "5", "9")),
+            "lc_c": Site("linecache_data_file"),
+            "wr_cls": Site("weak_registry_filled_at_import", ("Double", "Triple")),
+            "abc_on": Site("virtual_subclass_registered", BOOLS),
+            "ep_extra": Site("entry_point_added", ("", "extra = fz_fakelib5:EXTRA")),
+        },
     ),
     Template(
         "jax_rng_config",

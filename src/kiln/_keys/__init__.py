@@ -35,8 +35,6 @@ from ._libraries import library_version as library_version
 from ._libraries import script_module as script_module
 from ._manifest import check_manifest as check_manifest
 from ._manifest import manifest_for as manifest_for
-from ._memos import MemoWatch as MemoWatch
-from ._memos import user_memos as user_memos
 from ._recorder import TraceRecorder as TraceRecorder
 from ._static_reads import StaticReadWatch as StaticReadWatch
 from ._watchable import watchable as watchable
@@ -48,5 +46,5 @@ __all__ = ["ARRAY_TYPES", "avals_text", "check_argnames", "check_guard", "check_
            "manifest_for",
            "ndarray_key", "option_text", "script_module", "static_digest", "StaticReadWatch",
            "static_digest_by_code", "STATIC_LEAF",
-           "MemoWatch", "TraceRecorder", "treedef_parts", "Unpersistable", "user_memos",
+           "TraceRecorder", "treedef_parts", "Unpersistable",
            "watchable"]

@@ -19,8 +19,6 @@ Items (built by :func:`manifest_for`, checked by :func:`check_manifest`):
 - ``[module, "<libglobals>", digest, names]``: an installed library's module whose code ran
   while tracing, by the plain values of the globals ``names`` that code reads (a setting the
   library read at import, equinox's ``EQX_ON_ERROR``; :func:`kiln._keys._environ.library_globals`);
-- ``[module, "<memo>", digest, qualname]``: an ``lru_cache`` of a user function the trace got
-  a value from, by what it held before the trace (:mod:`kiln._keys._memos`);
 - ``["<jaxpr>", "<primitives>", digest, names]``: the rules JAX's registries hold for every
   primitive the program binds whose rules reach user code (lowering, JVP, transpose,
   batching, ...), found again by name:
@@ -50,7 +48,6 @@ from ._environ import ENV, LIBGLOBALS, check_env, check_library_globals, library
 from ._fingerprint import Fingerprint
 from ._hashing import Unpersistable
 from ._libraries import installed_path, is_user_class, is_user_file, module_is_user
-from ._memos import MEMO, check_memo
 from ._reads import DIR, FILE, STAT, check_read, check_stat
 from ._rngs import RNG, check_rng
 from ._walk import Walker, function_code, library_config_object, module_attr, state_of, walk_failure
@@ -492,7 +489,6 @@ _CHECKS: dict[str, Callable[[str, str, str], str | None]] = {
     FILE: lambda path, digest, stat: check_read(path, FILE, digest, stat),
     DIR: lambda path, digest, stat: check_read(path, DIR, digest, stat),
     STAT: check_stat,  # a path the cold trace checked (os.path.exists, os.stat): by how
-    MEMO: lambda module, digest, qualname: check_memo(module, qualname, digest),
     RNG: lambda name, digest, _: check_rng(name, digest),  # a global generator drawn from
     ENV: lambda name, digest, whole: check_env(name, digest, whole == "all"),
     LIBGLOBALS: check_library_globals,  # plain globals of a library module its code reads

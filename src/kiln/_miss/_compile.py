@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._base import StoreError, _stats, get_config, short_key
-from .._keys import check_guard, manifest_for, user_memos
+from .._keys import check_guard, manifest_for
 from ..stores import Held, Leasable, Lease, Store, await_or_lease, open_store
 from . import _tier_up
 from ._call import Request
@@ -87,7 +87,6 @@ class _Miss:
         self._hint_read: list[dict[str, Any]] | None = None
         self.keys = CallKeys.of(request, hint=self._static_reads_hint)
         self.program.watched = self.keys.watched
-        self.program.memos = user_memos(self.keys.fp.objects)
         self.unsound = self.keys.unsound  # why this call takes the verify path, or None
         self.explain = Explainer(request.name, cfg.explain)
         self.policy = _tier_up.Policy(self.program, cfg.tier_up, request.may_tier_up,

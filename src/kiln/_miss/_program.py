@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from .._base import Config, _gc, _jax_compat, _stats
-from .._keys import Guard, MemoWatch, StaticReadWatch, TraceRecorder, guard_snapshot
+from .._keys import Guard, StaticReadWatch, TraceRecorder, guard_snapshot
 from . import _noinline_p
 from ._outputs import Box, abstract_sig
 
@@ -83,9 +83,6 @@ class Program:
         self.watched: tuple[tuple[str, Any], ...] = ()
         self.static_reads: dict[str, tuple[str, ...] | None] = {}
         self.static_changed: str | None = None  # a field of one the trace changed
-        # the user memos (lru_cache) the walk reached: one the trace got a value from is a
-        # manifest item (kiln._keys._memos)
-        self.memos: list[Any] = []
         self.reads: list[list[str]] = []  # files and directories the cold trace read
         self.read_reason: str | None = None  # why those cannot be keyed (kiln._keys._reads)
         self.trace_seconds = 0.0  # tracing and lowering
@@ -117,14 +114,13 @@ class Program:
             recorder = TraceRecorder(self.modules_before, ignore=self._not_inputs())
             runs = getattr(getattr(self.jitted, "__wrapped__", None), "_kiln_runs", None)
             watch = StaticReadWatch(self.watched, (lambda: runs[0]) if runs else None)
-            memos = MemoWatch(self.memos)
-            with recorder, watch, memos, _gc.relaxed():
+            with recorder, watch, _gc.relaxed():
                 traced = self.traced = self.jitted.trace(*self.leaves)
             self.static_reads, self.static_changed = watch.reads, watch.changed
             self._recorded, self._callers = recorder.codes, recorder.callers
             self.imported = recorder.imported
-            self.reads = recorder.reads + memos.items
-            self.read_reason = recorder.read_reason or memos.reason
+            self.reads = recorder.reads
+            self.read_reason = recorder.read_reason
             self.extra_inputs = _jax_compat.traced_extra_inputs(traced)
             _stats.bump(traces=1)
             self.trace_seconds += time.perf_counter() - t0
