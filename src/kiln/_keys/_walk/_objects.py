@@ -123,10 +123,29 @@ def try_walk_mapping(w: Walker, name: str, v: Any, lenient: bool) -> bool:
 
 
 def _walk_items(w: Walker, name: str, v: collections.abc.Mapping[Any, Any]) -> None:
-    """The keys and values of a mapping, in iteration order."""
+    """The keys and values of a mapping, in iteration order. A key that is an object's
+    ``id()`` (:func:`is_identity`: absl's ``FlagValues`` keeps its flags by ``id(module)``,
+    numpyro's ``MCMC`` its compiled functions by ``id()`` of the arguments) differs in every
+    process by construction: it counts as "an identity", its value by value."""
     for i, (k, item) in enumerate(v.items()):
+        if is_identity(k):
+            w.add(f"identity:{name}.<key {i}>", "id()")
+            w.value(f"{name}[{i}]", item)
+            continue
         w.value(f"{name}.<key {i}>", k)
         w.value(f"{name}[{k!r}]" if type(k) in SCALAR_TYPES else f"{name}[{i}]", item)
+
+
+_ADDRESSES = 1 << 32  # (CPython's objects lie above 4 GiB on 64-bit hosts, 8-byte aligned)
+
+
+def is_identity(k: Any) -> bool:
+    """``k`` is, or is a tuple holding, what ``id()`` returns for an object on this host: an
+    address (an int above 4 GiB, a multiple of 8). Such a value differs in every process; a
+    program whose trace depended on one would be as new in every process (the clock's case)."""
+    if type(k) is int:
+        return k >= _ADDRESSES and k % 8 == 0 and sys.maxsize > _ADDRESSES
+    return type(k) is tuple and any(is_identity(e) for e in k)
 
 
 RNG_TYPES = (np.random.RandomState, np.random.Generator, random.Random)
