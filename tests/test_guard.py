@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kiln_early import _inputs
 from kiln_test_children import run_child
 
 import kiln
 from kiln._keys import _guard, _reads
+from kiln_early import _inputs
 
 FILE = "<file>"
 
@@ -49,9 +49,9 @@ def test_an_unchanged_file_is_checked_by_its_identity_alone(tmp_path: Path, monk
     path.write_bytes(b"\1" * 4096)
     st = os.stat(path)
     identity = _guard._identity_text(_guard._identity(st))
-    digest = _guard._content(str(path))
+    digest = _reads.content_digest(str(path))
     reads = []
-    monkeypatch.setattr(_guard, "_content", lambda p: reads.append(p) or digest)
+    monkeypatch.setattr(_guard, "content_digest", lambda p: reads.append(p) or digest)
     item = [str(path), FILE, digest, identity]
     assert _guard.check([item]) is None
     assert reads == []  # (a stat, no read: a large checkpoint costs a warm start nothing more)
@@ -64,7 +64,7 @@ def test_a_file_replaced_by_one_of_the_same_size_and_mtime_is_read_again(
     path.write_bytes(b"\1" * 64)
     old = path.stat().st_mtime_ns - 10_000_000_000
     os.utime(path, ns=(old, old))
-    item = [str(path), FILE, _guard._content(str(path)),
+    item = [str(path), FILE, _reads.content_digest(str(path)),
             _guard._identity_text(_guard._identity(os.stat(path)))]
     assert _guard.check([item]) is None
     other = tmp_path / "other.bin"

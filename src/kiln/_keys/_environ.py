@@ -61,7 +61,7 @@ from ._libraries import KILN_ROOT, installed_path
 from ._reads._state import _caller_is_machinery, _frame, _swap
 
 __all__ = ["ENV", "EnvWatch", "LIBGLOBALS", "check_env", "check_library_globals",
-           "library_globals"]
+           "library_globals", "value_digest"]
 
 ENV = "<env>"
 LIBGLOBALS = "<libglobals>"
@@ -90,7 +90,9 @@ def _value_now(name: str) -> str | None:
         return None
 
 
-def _digest(value: str | None) -> str:
+def value_digest(value: str | None) -> str:
+    """A variable's value as keys hold it: its xxh3-128 digest (never the value, which may be
+    a secret), or ``"absent"``."""
     if value is None:
         return "absent"
     return xxhash.xxh3_128(value.encode("utf-8", "surrogateescape")).hexdigest()
@@ -135,7 +137,7 @@ def _record(watches: tuple[EnvWatch, ...], name: Any) -> None:
         return
     for w in watches:
         if name not in w.seen:
-            w.seen[name] = _digest(_value_now(name))
+            w.seen[name] = value_digest(_value_now(name))
 
 
 def _caller_is_jax(frame: Any) -> bool:
@@ -232,7 +234,7 @@ class EnvWatch:
             return
         items = []
         for name, digest in sorted(self.seen.items()):
-            if _digest(_value_now(name)) != digest:
+            if value_digest(_value_now(name)) != digest:
                 self.unkeyable = f"environment variable {name} changed while the function " \
                                  "was traced"
                 return
@@ -253,7 +255,7 @@ def check_env(name: str, digest: str, whole: bool) -> str | None:
     if whole:
         return None if _whole_digest() == digest else (
             "the trace read the whole environment (os.environ iterated), which changed")
-    now = _digest(_value_now(name))
+    now = value_digest(_value_now(name))
     if now == digest:
         return None
     if digest == "absent":

@@ -53,7 +53,6 @@ import sys
 import sysconfig
 import threading
 import types
-from collections.abc import Iterable
 from typing import Any
 
 import xxhash
@@ -61,8 +60,9 @@ import xxhash
 from kiln_early import _inputs
 
 from .._base import _jax_compat, get_config
+from ._environ import check_env, value_digest
 from ._libraries import KILN_ROOT, is_user_file
-from ._reads import racy
+from ._reads import content_digest, racy
 
 __all__ = ["Guard", "check", "snapshot"]
 
@@ -137,7 +137,7 @@ class _Digests:
             known = self.known.get(path)
         if text and known is not None and known[0] == text:
             return known[1]
-        digest = _content(path)
+        digest = content_digest(path)
         if text:
             with self.lock:
                 self.known[path] = self.new[path] = (text, digest)
@@ -165,14 +165,6 @@ class _Digests:
 
 
 _digests = _Digests()
-
-
-def _content(path: str) -> str:
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _stat(path: str) -> tuple[int, int, int, int, int] | None:
@@ -263,18 +255,18 @@ def _make() -> Guard:
         if not path.startswith(ignored):
             items[(path, DIR)] = [path, DIR, _listing_digest(path, listed, ignored)]
     for name, value in sorted(_inputs.env_reads().items()):
-        items[(name, ENV)] = [name, ENV, _text_digest(value)]
+        items[(name, ENV)] = [name, ENV, value_digest(value)]
     names = _inputs.whole_environment()
     if names is not None:
-        items[("<environ>", ENV)] = ["<environ>", ENV, _text_digest("\0".join(names)), "names"]
+        items[("<environ>", ENV)] = ["<environ>", ENV, value_digest("\0".join(names)), "names"]
     for item in _inputs.merged():
         if item[1] == ENV or not item[0].startswith(ignored):
             items.setdefault((item[0], item[1]), item)
     items[(ARGV, ARGV)] = [ARGV, ARGV, _argv_now()]
     code = _command_code()
     if code is not None:
-        items[(CODE, CODE)] = [CODE, CODE, _text_digest(code)]
-    items[(CWD, CWD)] = [CWD, CWD, _text_digest(_cwd())]
+        items[(CODE, CODE)] = [CODE, CODE, value_digest(code)]
+    items[(CWD, CWD)] = [CWD, CWD, value_digest(_cwd())]
     items[(DISTS, DISTS)] = ["<distributions>", DISTS, _distributions()]
     kept = [item for item in items.values() if not _excluded(item, cfg.guard_exclude)]
     kept.sort(key=lambda item: (item[1], item[0]))
@@ -360,19 +352,6 @@ def _listing_digest(path: str, names: tuple[str, ...] | None, ignored: tuple[str
     return h.hexdigest()
 
 
-def _text_digest(value: str | None) -> str:
-    if value is None:
-        return "absent"
-    return xxhash.xxh3_128(value.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def _pairs_digest(pairs: Iterable[tuple[str, str]]) -> str:
-    h = xxhash.xxh3_128()
-    for name, value in pairs:
-        h.update(f"{name}={value}\0".encode("utf-8", "surrogateescape"))
-    return h.hexdigest()
-
-
 def _argv_now() -> str:
     """The command line's digest, less a ``jax.distributed`` job's coordinator address (its
     host and port, which a launcher picks anew for every job): where the job's processes
@@ -383,7 +362,7 @@ def _argv_now() -> str:
         port = address.rpartition(":")[2]
         args = ["<coordinator>" if a in (address, port) or a.endswith(":" + port) else a
                 for a in args]
-    return _text_digest("\0".join(args))
+    return value_digest("\0".join(args))
 
 
 def _command_code() -> str | None:
@@ -509,21 +488,20 @@ def _changed(name: str, kind: str, digest: str, item: list[str],
             variables = _inputs.whole_environment()
             if variables is None:
                 variables = [name for name, _ in _inputs.environment()]
-            return (None if _text_digest("\0".join(variables)) == digest
+            return (None if value_digest("\0".join(variables)) == digest
                     else "the environment's variables changed")
         if len(item) > 3:  # a trace's whole environment: names and values, kiln's too
-            return (None if _pairs_digest(_inputs.environment(kiln=True)) == digest
-                    else "the environment changed")
+            return check_env(name, digest, True)
         reads = _inputs.env_reads()
         value = reads[name] if name in reads else _inputs.environ_value(name)
-        return (None if _text_digest(value) == digest
+        return (None if value_digest(value) == digest
                 else f"environment variable {name} changed")
     if kind == ARGV:
         return None if _argv_now() == digest else "the command line changed"
     if kind == CODE:
-        return None if _text_digest(_command_code()) == digest else "the -c program changed"
+        return None if value_digest(_command_code()) == digest else "the -c program changed"
     if kind == CWD:
-        return None if _text_digest(_cwd()) == digest else "the working folder changed"
+        return None if value_digest(_cwd()) == digest else "the working folder changed"
     if kind == DISTS:
         return (None if _distributions() == digest
                 else "the installed distributions changed")

@@ -90,7 +90,7 @@ from ._c_readers import (
 from ._state import DIR, FILE, STAT, check_stat
 
 __all__ = ["DIR", "FILE", "is_probe", "STAT", "ReadRecorder", "check_read", "check_stat",
-           "racy"]
+           "content_digest", "racy"]
 
 
 _READS = frozenset({"open", "os.listdir", "os.scandir"})
@@ -289,7 +289,7 @@ class ReadRecorder:
                 self.unkeyable = f"the trace reads {path}: {reason}"
             if self.unkeyable:
                 return []
-            digest = _content_digest(full, kind) if now is not None else "absent"
+            digest = content_digest(full, kind) if now is not None else "absent"
             out.append([path, kind, digest, _stat_text(now)])
         for (path, how), value in sorted(list(self.checked.items())):
             if _state._observe(how, os.path.abspath(path)) != value:
@@ -333,7 +333,8 @@ def _stat_text(st: tuple[int, int, int, int, int] | None) -> str:
     return f"{st[1]}:{st[2]}:{st[3]}:{st[4]}"
 
 
-def _content_digest(full: str, kind: str) -> str:
+def content_digest(full: str, kind: str = FILE) -> str:
+    """The xxh3-128 digest of a file's content, or of a folder's sorted names (``DIR``)."""
     h = xxhash.xxh3_128()
     if kind == DIR:
         for name in sorted(os.listdir(full)):
@@ -357,7 +358,7 @@ def check_read(path: str, kind: str, digest: str, stat_text: str) -> str | None:
     if stat_text and stat_text == _stat_text(now):
         return None
     try:
-        if _content_digest(full, kind) == digest:
+        if content_digest(full, kind) == digest:
             return None
     except OSError as e:
         return f"{path} cannot be read ({e})"
