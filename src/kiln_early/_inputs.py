@@ -13,7 +13,9 @@ from the same inputs):
   made (``kiln._keys._guard``), or at once where the process is about to overwrite, rename
   over or remove a file it has read and not digested yet (:func:`set_overwrite_hook`);
 - **directories listed** (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``), by their
-  sorted names when first listed, less the names of files this process wrote;
+  sorted names when first listed, less what the run writes or makes there at any time (its own
+  outputs: ``.pytest_cache`` made on the first run is in the folder's listing from the second
+  run on, and made again then);
 - **environment variables read by user code** (``os.environ[...]``, ``.get``, ``os.getenv``,
   ``in``), by their first value; where user code iterates the environment, the names it holds
   (in its order; each value it then reads, ``items()``, ``dict(os.environ)``, is a read by
@@ -45,8 +47,8 @@ from typing import Any
 
 __all__ = ["KILN_ROOT", "LIB_ROOTS", "Observed", "env_reads", "environ_value", "environment",
            "files", "is_user_file", "listings", "merge", "merged", "pause",
-           "resume", "set_overwrite_hook", "sizes", "start", "started", "whole_environment",
-           "written"]
+           "made", "resume", "set_overwrite_hook", "sizes", "start", "started",
+           "whole_environment", "written"]
 
 # installed code: the interpreter's stdlib and site-packages (libraries count by version); by
 # real path, and as sys.path names them (a virtual environment's folders may be links)
@@ -123,6 +125,7 @@ _lock = threading.RLock()
 _files: dict[str, Observed] = {}  # absolute path -> as first read
 _listings: dict[str, tuple[str, ...] | None] = {}  # absolute path -> names when first listed
 _written: set[str] = set()  # files first opened for writing (and folders created) here
+_made: set[str] = set()  # every path the run wrote, made, or made again (makedirs exist_ok)
 _env: dict[str, str | None] = {}  # variable read by user code -> its first value
 _whole_env: list[str] | None = None  # the environment's names, first iterated by user code
 _merged: dict[tuple[str, str], list[str]] = {}  # (name, kind) -> a trace's manifest item
@@ -241,6 +244,13 @@ def environment(*, kiln: bool = False) -> list[tuple[str, str]]:
     return pairs
 
 
+def made() -> set[str]:
+    """Every path the run wrote or made, at any time (makedirs of a folder that was there
+    already included): a folder's listing leaves them out, the run's own outputs."""
+    with _lock:
+        return set(_made)
+
+
 def written() -> set[str]:
     with _lock:
         return set(_written)
@@ -311,6 +321,9 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
     path = args[0] if args else None
     if event == "os.rename":
         _before_change(args[1])  # (the file renamed over; a rename moves what was read)
+        if isinstance(args[1], str | bytes | os.PathLike):
+            with _lock:
+                _made.add(os.path.abspath(os.fsdecode(args[1])))
         path = args[0]
     if isinstance(path, int) or path is None:
         return  # (a file descriptor: opened elsewhere; os.listdir(None) is the cwd's, below)
@@ -324,6 +337,7 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
         access = flags & os.O_ACCMODE
         if access != os.O_RDONLY or flags & os.O_TRUNC:
             with _lock:
+                _made.add(full)
                 if full in _files:
                     _before_change(full)
                 elif not _under_written(full):
@@ -335,6 +349,7 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
         _before_change(full)
     elif event == "os.mkdir":
         with _lock:
+            _made.add(full)
             if not os.path.exists(full):
                 _written.add(full)  # a folder the run made (a temporary one): not an input
     else:  # os.listdir, os.scandir

@@ -339,11 +339,12 @@ def _excluded(item: list[str], exclude: tuple[str, ...]) -> bool:
 
 
 def _listing_digest(path: str, names: tuple[str, ...] | None, ignored: tuple[str, ...]) -> str:
-    """A folder's names (sorted) as a guard keys them, less what the process wrote there and
-    kiln's and JAX's caches (a store made in the folder the program lists); ``"absent"``."""
+    """A folder's names (sorted) as a guard keys them, less what the run wrote or made there
+    (at any time: :func:`kiln_early._inputs.made`) and kiln's and JAX's caches (a store made in
+    the folder the program lists); ``"absent"``."""
     if names is None:
         return "absent"
-    written = _inputs.written()
+    written = _inputs.made()
     h = xxhash.xxh3_128()
     for name in sorted(names):
         full = os.path.join(path, name)
