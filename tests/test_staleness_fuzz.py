@@ -1723,17 +1723,16 @@ CORPUS: list[Template] = [
                     return x * setup_state.LAYERS["act"].scale
 
 
-                def f_virtual(x):
+                def f_abc(x):
                     return x * (2.0 if isinstance(shapes.Circle(), shapes.Shape) else 5.0)
 
 
-                def f_entry_points(x):
+                def f_eps(x):
                     found = importlib.metadata.entry_points(group="fz_fakelib5.scales")
                     return x * sum(ep.load() for ep in sorted(found, key=lambda ep: ep.name))
 
 
-                FUNCS = ["f_container", "f_decimal", "f_linecache", "f_registry", "f_virtual",
-                         "f_entry_points"]
+                FUNCS = ["f_container", "f_decimal", "f_linecache", "f_registry", "f_abc", "f_eps"]
                 """,
             "../site-packages/fz_fakelib5/__init__.py": """\
                 _CONFIG = {"scale": 1.0}

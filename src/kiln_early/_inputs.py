@@ -335,16 +335,22 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
     if event == "open":
         flags = args[2] if len(args) > 2 and isinstance(args[2], int) else os.O_RDONLY
         access = flags & os.O_ACCMODE
-        if access != os.O_RDONLY or flags & os.O_TRUNC:
+        if access == os.O_RDONLY and not flags & os.O_TRUNC:
+            _note_file(full)
+        elif access == os.O_RDWR and not flags & os.O_TRUNC:
+            # read and written (``r+``, ``np.memmap(mode="r+")``): what it held is an input,
+            # digested now, before the writes
+            _note_file(full)
+            _before_change(full)
+            with _lock:
+                _made.add(full)
+        else:
             with _lock:
                 _made.add(full)
                 if full in _files:
                     _before_change(full)
                 elif not _under_written(full):
                     _written.add(full)  # an output of the run (a log, a checkpoint it saves)
-            if access == os.O_WRONLY:
-                return
-        _note_file(full)
     elif event in ("os.remove", "os.truncate", "os.rename"):
         _before_change(full)
     elif event == "os.mkdir":
