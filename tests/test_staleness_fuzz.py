@@ -1662,7 +1662,8 @@ CORPUS: list[Template] = [
                 import fz_fakelib5
 
                 fz_fakelib5.config("scale", $ct_scale)  # a library's settings container
-                decimal.getcontext().prec = $dec_prec  # a C-level context
+                decimal.getcontext().prec = $dec_prec  # a C-level context (this thread's,
+                decimal.DefaultContext.prec = $dec_prec  # and that of the threads jax.jit runs in)
 
 
                 class Double:

@@ -48,7 +48,7 @@ from typing import Any
 __all__ = ["KILN_ROOT", "LIB_ROOTS", "Observed", "env_reads", "environ_value", "environment",
            "files", "is_user_file", "listings", "merge", "merged", "pause",
            "made", "resume", "set_overwrite_hook", "sizes", "start", "started",
-           "whole_environment", "written"]
+           "whole_environment"]
 
 # installed code: the interpreter's stdlib and site-packages (libraries count by version); by
 # real path, and as sys.path names them (a virtual environment's folders may be links)
@@ -188,14 +188,13 @@ def merge(items: Iterable[list[str]]) -> None:
                 # misses on any change of it itself; its every variable is no later one's input)
                 kind = item[1]
                 name = item[0] if kind == "<env>" else os.path.abspath(item[0])
-                # (a file by its content, its identity left out; a variable as the trace had it,
-                # or the whole environment: "all")
+                # (a file by its content, its identity left out; a variable as the trace had it)
                 _merged.setdefault((name, kind), [name, kind, item[2], ""] if kind == "<file>"
                                    else [name, kind, item[2]] if kind == "<dir>"
                                    else [name, kind, *item[2:4]])
 
 
-# -- what a guard reads (under no lock: dict and list copies are atomic enough for a snapshot) --
+# -- what a guard reads: copies, taken under the lock -------------------------------------
 def files() -> dict[str, Observed]:
     with _lock:
         return dict(_files)
@@ -218,7 +217,8 @@ def whole_environment() -> list[str] | None:
 
 def sizes() -> tuple[int, ...]:
     """How much has been recorded (a guard made at the same sizes is the same)."""
-    return (len(_files), len(_listings), len(_env), _whole_env is not None, len(_merged))
+    return (len(_files), len(_listings), len(_env), _whole_env is not None, len(_merged),
+            len(_made))
 
 
 def environ_value(name: str) -> str | None:
@@ -249,11 +249,6 @@ def made() -> set[str]:
     already included): a folder's listing leaves them out, the run's own outputs."""
     with _lock:
         return set(_made)
-
-
-def written() -> set[str]:
-    with _lock:
-        return set(_written)
 
 
 def merged() -> list[list[str]]:
