@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kiln_test_children import child_env as children_env
 from kiln_test_children import run_child
 
 import kiln
@@ -341,3 +342,55 @@ def test_a_large_input_is_hashed_once_not_in_every_run(tmp_path: Path, xp: Any) 
     changed = prog.run()
     assert changed["f"]["verifies"] == 1 and changed["f"]["compiles"] == 1, changed["f"]
     np.testing.assert_allclose(xp.value(changed["f"]), [0.33333] * 3, rtol=1e-6)
+
+
+CONFTEST = '''
+import decimal
+
+COEFF = float(open("coeff.txt").read())  # read before kiln is imported (pytest_configure)
+decimal.getcontext().prec = int(COEFF * 2)
+'''
+
+SUITE = '''
+import decimal
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.jit
+def f(x):
+    return x * float(decimal.Decimal(1) / decimal.Decimal(3))
+
+
+def test_f():
+    print("VALUE", float(f(jnp.float32(3.0))))
+'''
+
+
+@pytest.mark.slow
+def test_pytest_kiln_records_from_before_the_first_conftest(tmp_path: Path) -> None:
+    """Under ``pytest --kiln`` the record starts before the first conftest is imported (the
+    plugin's ``pytest_load_initial_conftests``): a file a conftest reads to set up state is an
+    input, so editing it gives the new value, not the stored one."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_suite.py").write_text(SUITE)
+
+    def run(coeff: str) -> tuple[str, str]:
+        (tmp_path / "coeff.txt").write_text(coeff)
+        proc = run_child(
+            [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "--kiln",
+             "test_suite.py"], cwd=tmp_path, check=True,
+            env=children_env(KILN_CACHE_DIR=str(tmp_path / "store"), JAX_PLATFORMS="cpu",
+                             PYTHONDONTWRITEBYTECODE="1"))
+        value = next(ln for ln in proc.stdout.splitlines() if ln.startswith("VALUE"))
+        summary = next(ln for ln in proc.stdout.splitlines() if "kiln.jit hits" in ln)
+        return value, summary
+
+    cold = run("2.0")
+    assert "misses 1, traces 1" in cold[1]
+    warm = run("2.0")
+    assert warm == (cold[0], warm[1]) and "hits 1, misses 0, traces 0" in warm[1]
+    edited = run("3.0")
+    assert edited[0] != cold[0] and "traces 1" in edited[1]  # (verified: another program)
+    assert edited[0] == "VALUE 0.999998927116394"

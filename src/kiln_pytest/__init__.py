@@ -22,6 +22,10 @@ Trace-time side effects (a test counting how often its function is traced) diffe
 run: leave such a function to jax.jit with ``kiln.keep_jax_jit`` or ``KILN_JIT_EXCLUDE``, or
 run the suite with ``--kiln-no-jit``.
 
+Under ``--kiln`` the record of the process's inputs (kiln's guard) starts before the first
+conftest is imported, so what a conftest reads to set up state (a data file, a variable) is an
+input of every entry the suite stores.
+
 The summary's JAX cache line also gives the programs JAX lowered itself and the seconds that
 took (``kiln.stats().jax_lowerings`` / ``jax_lower_seconds``): what a warm run still pays,
 before JAX's cache can look a key up, for eager operations and for the jits kiln.jit does not
@@ -35,7 +39,8 @@ from typing import Any
 
 import pytest
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_terminal_summary"]
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_load_initial_conftests",
+           "pytest_terminal_summary"]
 
 # (whether the route is on, kiln.stats() when the session began, whether jax.jit is swapped)
 _STATE = pytest.StashKey[tuple[bool, Any, bool]]()
@@ -72,6 +77,22 @@ def _env_flag(name: str) -> bool | None:
         raise pytest.UsageError(
             f"{name} must be 1 or 0 (or true/false, yes/no, on/off), got {raw!r}")
     return None if not raw else raw in _TRUE
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: Any, parser: Any, args: list[str]) -> None:
+    """Under ``--kiln`` (``--kiln-jit``, ``KILN_PYTEST=1``, ``KILN_PYTEST_JIT=1``): the record of
+    the process's inputs (kiln's guard, ``kiln_early._inputs``: standard library only) from
+    before the first conftest is imported, as ``kiln run`` starts it before the program."""
+    try:
+        wanted = any(a in ("--kiln", "--kiln-jit") for a in args) or any(
+            _env_flag(n) for n in ("KILN_PYTEST", "KILN_PYTEST_JIT"))
+    except pytest.UsageError:
+        return  # (said again, as an error, by pytest_configure)
+    if wanted:
+        from kiln_early import _inputs
+
+        _inputs.start()
 
 
 def _wanted(config: Any) -> tuple[bool, bool]:
