@@ -394,3 +394,49 @@ def test_pytest_kiln_records_from_before_the_first_conftest(tmp_path: Path) -> N
     edited = run("3.0")
     assert edited[0] != cold[0] and "traces 1" in edited[1]  # (verified: another program)
     assert edited[0] == "VALUE 0.999998927116394"
+
+
+ABSL = '''
+from absl import app, flags
+
+import jax
+import jax.numpy as jnp
+
+FLAGS = flags.FLAGS
+flags.DEFINE_float("lr", 0.1, "learning rate")
+flags.DEFINE_string("workdir", "/tmp/x", "where")
+
+
+@jax.jit
+def step(x):
+    TRACE()
+    return x * FLAGS.lr
+
+
+def main(argv):
+    call("step", step, jnp.ones(3))
+    report()
+
+
+if __name__ == "__main__":
+    app.run(main)
+'''
+
+
+@pytest.mark.slow
+def test_a_program_reading_absl_flags_warm_starts_with_no_trace(tmp_path: Path, xp: Any) -> None:
+    """absl keeps its flags by ``id(module)`` (``FlagValues.__flags_by_module_id``): a key
+    that held that dict whole differed in every process. A dict key that is an ``id()`` now
+    counts as an identity: the second run traces nothing; another flag value is another
+    program (the command line is an input, and the flag's value is keyed)."""
+    pytest.importorskip("absl")
+    prog = xp.Program(tmp_path)
+    prog.base_env = {"KILN_GUARD_EXCLUDE": ""}
+    prog.write("prog.py", ABSL)
+    main = ("-m", "kiln", "run", "prog.py")
+    cold = prog.run(main=main)["step"]
+    xp.assert_cold(cold)
+    xp.assert_warm(prog.run(main=main)["step"])
+    other = prog.run("--lr=0.5", main=main)["step"]
+    assert xp.value(other) == [0.5, 0.5, 0.5] and other["compiles"] == 1, other
+    xp.assert_warm(prog.run("--lr=0.5", main=main)["step"])
