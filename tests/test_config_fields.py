@@ -20,6 +20,7 @@ import sys
 import types
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,6 +101,27 @@ def test_a_config_container_is_keyed_by_the_fields_read(monkeypatch: pytest.Monk
     assert _digest(f_fields) == before
     monkeypatch.setitem(CONFIG, "shift", 1.0)  # read with .get, absent before
     assert _digest(f_fields) != before
+
+
+ACTS = {name: getattr(jax.nn, name) for name in ("relu", "tanh", "gelu", "silu")}
+
+
+def f_activation(x: Any) -> Any:
+    return ACTS["relu"](x) * 2  # a call of an entry read by a constant name
+
+
+def test_a_dict_of_functions_is_keyed_by_the_entry_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dict built from a set of names (its order follows the hash seed: another in every
+    process) and called through one constant name: keyed by that entry alone, so its order
+    and the other entries do not count, and that entry does."""
+    assert constant_fields([f_activation.__code__], "ACTS", mapping=True) == {"relu"}
+    before = _digest(f_activation)
+    monkeypatch.setattr(sys.modules[__name__], "ACTS", dict(reversed(list(ACTS.items()))))
+    assert _digest(f_activation) == before
+    monkeypatch.setitem(ACTS, "tanh", jax.nn.sigmoid)  # never called
+    assert _digest(f_activation) == before
+    monkeypatch.setitem(ACTS, "relu", jax.nn.relu6)
+    assert _digest(f_activation) != before
 
 
 def test_a_config_container_used_whole_is_keyed_whole(monkeypatch: pytest.MonkeyPatch) -> None:
