@@ -109,9 +109,14 @@ def test_files_the_process_wrote_and_folders_it_made_are_not_inputs(children: An
     with open(os.path.join(made, "run.log")) as f:
         f.read()
     os.listdir(made)
+    fd, temporary = tempfile.mkstemp()  # (O_RDWR | O_CREAT | O_EXCL: made here, an output)
+    os.close(fd)
+    with open(temporary, "r+") as f:
+        f.read()
     guard = _fresh_snapshot()
     files, listings = _items(guard, FILE), _items(guard, "<dir>")
     assert str(folder / "input.txt") in files
+    assert temporary not in files
     assert str(output) not in files and os.path.join(made, "run.log") not in files
     assert made not in listings
 

@@ -332,9 +332,10 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
         access = flags & os.O_ACCMODE
         if access == os.O_RDONLY and not flags & os.O_TRUNC:
             _note_file(full)
-        elif access == os.O_RDWR and not flags & os.O_TRUNC:
+        elif (access == os.O_RDWR and not flags & (os.O_TRUNC | os.O_EXCL)
+              and os.path.exists(full)):
             # read and written (``r+``, ``np.memmap(mode="r+")``): what it held is an input,
-            # digested now, before the writes
+            # digested now, before the writes (one it creates, ``tempfile``'s, is an output)
             _note_file(full)
             _before_change(full)
             with _lock:
