@@ -370,8 +370,27 @@ def _note_file(full: str) -> None:
         if not stat.S_ISREG(st.st_mode):
             return  # a pipe, a socket, a device, a folder: no content to key
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    # a small file is digested now, as the program reads it (another process may rewrite it
+    # while this one runs: a cache two pytest-xdist workers share); a large one when a guard
+    # is made, by its identity (kiln._keys._guard)
+    digest = _small_digest(full) if identity is not None and identity[2] <= _SMALL else None
     with _lock:
-        _files.setdefault(full, Observed(identity))
+        _files.setdefault(full, Observed(identity, digest))
+
+
+_SMALL = 1 << 20  # bytes
+
+
+def _small_digest(full: str) -> str | None:
+    """The xxh3-128 digest of a small file's content (as ``kiln._keys._reads.content_digest``
+    gives it), or None where it cannot be read now."""
+    try:
+        import xxhash  # (kiln's dependency; imported at the first file read)
+
+        with open(full, "rb") as f:  # (the hook records not its own open: _machinery)
+            return str(xxhash.xxh3_128(f.read(_SMALL + 1)).hexdigest())
+    except (OSError, ImportError):
+        return None
 
 
 def _note_listing(full: str) -> None:
