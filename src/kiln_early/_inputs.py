@@ -9,9 +9,10 @@ from the same inputs):
 
 - **files read** by any code (``open``, ``io.open_code``, ``os.open``: CPython's audit hooks,
   PEP 578), by their path and their ``os.stat`` identity when first opened (device, inode,
-  size, modification and change times); their content is digested later, when a guard is
-  made (``kiln._keys._guard``), or at once where the process is about to overwrite, rename
-  over or remove a file it has read and not digested yet (:func:`set_overwrite_hook`);
+  size, modification and change times); a small file's content (at most 1 MiB) is digested
+  then, a larger one's when a guard is made (``kiln._keys._guard``, by its identity), or at once
+  where the process is about to overwrite, rename over or remove a file it has read and not
+  digested yet (:func:`set_overwrite_hook`);
 - **directories listed** (``os.listdir``, ``os.scandir``: ``glob``, ``pathlib``), by their
   sorted names when first listed, less what the run writes or makes there at any time (its own
   outputs: ``.pytest_cache`` made on the first run is in the folder's listing from the second
