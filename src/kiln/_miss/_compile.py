@@ -378,7 +378,11 @@ class _Miss:
             if loaded.outcome is Outcome.HIT:
                 self._entries.append((self.store, key))
                 where = key
-                if record and not inlined and not self.writer.same_outputs(entry):
+                if inlined:  # (tier-up's form: remembered only where it holds no outputs
+                    # but arrays, which its module says all of; else verified every time)
+                    record = record and "static_out" not in entry.sections and (
+                        program.static_out() is None)
+                elif record and not self.writer.same_outputs(entry):
                     # the same module, another output tree or non-array outputs: an entry
                     # with this trace's, under this guard's own key
                     where = self.keys.guarded_key(key, program.guard.digest)
