@@ -333,10 +333,11 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
         access = flags & os.O_ACCMODE
         if access == os.O_RDONLY and not flags & os.O_TRUNC:
             _note_file(full)
-        elif (access == os.O_RDWR and not flags & (os.O_TRUNC | os.O_EXCL)
+        elif (access == os.O_RDWR and not flags & (os.O_TRUNC | os.O_EXCL | os.O_APPEND)
               and os.path.exists(full)):
             # read and written (``r+``, ``np.memmap(mode="r+")``): what it held is an input,
-            # digested now, before the writes (one it creates, ``tempfile``'s, is an output)
+            # digested now, before the writes (one it creates, ``tempfile``'s, and a log it
+            # appends to, ``a+``, are outputs)
             _note_file(full)
             _before_change(full)
             with _lock:
