@@ -92,7 +92,8 @@ def _folder_of_another_process(children: Any) -> Path:
     """A folder another process made, holding ``input.txt`` it wrote: this process's inputs."""
     made = children.run_child(
         [sys.executable, "-c", "import os, tempfile\nd = tempfile.mkdtemp()\n"
-         "open(os.path.join(d, 'input.txt'), 'w').write('input')\nprint(d)"],
+         "open(os.path.join(d, 'input.txt'), 'w').write('input')\n"
+         "open(os.path.join(d, 'history.log'), 'w').write('run 1')\nprint(d)"],
         check=True).stdout.strip()
     return Path(made)
 
@@ -109,6 +110,10 @@ def test_files_the_process_wrote_and_folders_it_made_are_not_inputs(children: An
     with open(os.path.join(made, "run.log")) as f:
         f.read()
     os.listdir(made)
+    with open(folder / "history.log", "a+") as f:  # a log the run appends to: an output
+        f.seek(0)
+        f.read()
+        f.write("run 2")
     fd, temporary = tempfile.mkstemp()  # (O_RDWR | O_CREAT | O_EXCL: made here, an output)
     os.close(fd)
     with open(temporary, "r+") as f:
@@ -116,7 +121,7 @@ def test_files_the_process_wrote_and_folders_it_made_are_not_inputs(children: An
     guard = _fresh_snapshot()
     files, listings = _items(guard, FILE), _items(guard, "<dir>")
     assert str(folder / "input.txt") in files
-    assert temporary not in files
+    assert temporary not in files and str(folder / "history.log") not in files
     assert str(output) not in files and os.path.join(made, "run.log") not in files
     assert made not in listings
 
