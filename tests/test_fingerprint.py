@@ -338,6 +338,26 @@ def test_a_primitive_counts_with_every_rule_registered_for_it(registry):
     assert _digest(f) == before
 
 
+def test_a_lowering_rule_counts_when_its_table_is_rebound_after_the_first_scan(monkeypatch):
+    # kiln's eager route makes mlir's tables versioned copies (_eager._watch_rule_tables) after
+    # traces may have run: a rule registered in the new table must still count
+    from jax._src.interpreters import mlir
+    from jax.extend.core import Primitive
+
+    p = Primitive("kiln_fp_test_rebound")
+    p.def_abstract_eval(lambda x: x)
+
+    def f(x):
+        return p.bind(x)
+
+    _digest(f)  # (the registries found with the table as it is)
+    monkeypatch.setattr(mlir, "_lowerings", dict(mlir._lowerings))
+    mlir.register_lowering(p, lambda ctx, x: [x])
+    before = _digest(f)
+    mlir.register_lowering(p, lambda ctx, x: [x, x][:1])
+    assert _digest(f) != before
+
+
 @dataclasses.dataclass
 class _WithMeta:
     a: float = dataclasses.field(default=1.0, metadata={"scale": 2.0})

@@ -100,6 +100,9 @@ def codes_in_jaxpr(closed_jaxpr: Any) -> set[Any]:
 # each of its dict values); empty dicts are looked at again on each use until they fill.
 _registries: dict[int, tuple[str, dict[Any, Any], bool]] = {}  # id -> (name, dict, nested)
 _registry_candidates: dict[int, tuple[str, dict[Any, Any]]] = {}  # empty so far
+# id -> (the module's namespace, the attribute): a table rebound to another dict (kiln's eager
+# route makes mlir's lowering tables versioned ones: _eager._watch_rule_tables) is followed
+_homes: dict[int, tuple[dict[str, Any], str]] = {}
 _scanned: set[str] = set()
 _registries_lock = threading.Lock()
 _registry_list: list[tuple[str, dict[Any, Any], bool]] = []
@@ -113,12 +116,28 @@ def _is_registry(d: dict[Any, Any]) -> bool | None:
     return isinstance(next(iter(d)), _core.Primitive)
 
 
+def _rebound() -> bool:
+    """Whether a table found before is no longer its module's attribute (rebound)."""
+    return any(space.get(attr) is not _registries.get(i, _registry_candidates.get(i, (0, 0)))[1]
+               for i, (space, attr) in _homes.items())
+
+
 def _scan_registries() -> list[tuple[str, dict[Any, Any], bool]]:
     global _modules_scanned, _registry_list
-    if len(sys.modules) == _modules_scanned and not any(
+    if len(sys.modules) == _modules_scanned and not _rebound() and not any(
             v for _, v in _registry_candidates.values()):
         return _registry_list
     with _registries_lock:
+        for i, (space, attr) in list(_homes.items()):
+            found = _registries.get(i) or _registry_candidates.get(i)
+            now = space.get(attr)
+            if found is not None and now is found[1]:
+                continue
+            _registries.pop(i, None)
+            _registry_candidates.pop(i, None)
+            del _homes[i]
+            if isinstance(now, dict) and found is not None:
+                _note(found[0], now, space, attr)
         _modules_scanned = len(sys.modules)
         for modname, mod in list(sys.modules.items()):
             # (jax._src holds every registry; ``jax.interpreters.*`` re-export some of them)
@@ -127,25 +146,35 @@ def _scan_registries() -> list[tuple[str, dict[Any, Any], bool]]:
             _scanned.add(modname)
             if not isinstance(mod, types.ModuleType):
                 continue
-            for attr, v in list(vars(mod).items()):
-                if not isinstance(v, dict) or id(v) in _registries:
-                    continue
-                where = f"{modname.replace('jax._src.', '')}.{attr}"
-                kind = _is_registry(v)
-                if kind is None:
-                    _registry_candidates[id(v)] = (where, v)
-                elif kind:
-                    _registries[id(v)] = (where, v, False)
-                elif all(isinstance(x, dict) for x in v.values()) and any(
-                        _is_registry(x) for x in v.values()):
-                    _registries[id(v)] = (where, v, True)  # by platform
+            space = vars(mod)
+            for attr, v in list(space.items()):
+                if isinstance(v, dict) and id(v) not in _registries:
+                    _note(f"{modname.replace('jax._src.', '')}.{attr}", v, space, attr)
         for i, (where, v) in list(_registry_candidates.items()):
             if v:
                 del _registry_candidates[i]
                 if _is_registry(v):
                     _registries[i] = (where, v, False)
+                else:
+                    _homes.pop(i, None)
         _registry_list = sorted(_registries.values(), key=lambda r: r[0])
         return _registry_list
+
+
+def _note(where: str, v: dict[Any, Any], space: dict[str, Any], attr: str) -> None:
+    """Dict ``v``, attribute ``attr`` of the module whose namespace is ``space``: a registry,
+    one by platform, a candidate (empty), or nothing."""
+    kind = _is_registry(v)
+    if kind is None:
+        _registry_candidates[id(v)] = (where, v)
+    elif kind:
+        _registries[id(v)] = (where, v, False)
+    elif all(isinstance(x, dict) for x in v.values()) and any(
+            _is_registry(x) for x in v.values()):
+        _registries[id(v)] = (where, v, True)  # by platform
+    else:
+        return
+    _homes[id(v)] = (space, attr)
 
 
 def primitive_rules(prim: Any) -> list[tuple[str, Any]]:
