@@ -449,24 +449,36 @@ def test_a_jitted_function_loads_warm_in_a_served_run(shared: Place) -> None:
 
 def test_faulthandler_writes_to_the_clients_stderr(shared: Place) -> None:
     served = shared.kiln("prog.py", "faulthandler")
-    assert 'File "prog.py"' in served.stderr
+    assert f'File "{shared.app / "prog.py"}"' in served.stderr  # (__file__: as python's)
     assert "Stack (most recent call first)" in served.stderr
 
 
-def test_ctrl_c_is_a_keyboard_interrupt_with_status_130(shared: Place) -> None:
-    results = []
-    for server in (False, True):
-        before = shared.runs("prog.py")
-        proc = start_child([sys.executable, "-m", "kiln", "run",
-                            "--server" if server else "--no-server", "prog.py", "sleep", "60"],
-                           env=shared.env(), cwd=shared.app)
-        assert proc.stdout.readline() == "ready\n"
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        results.append((proc.returncode, "KeyboardInterrupt" in err))
-        if server:
-            assert shared.runs("prog.py") == before + 1
-    assert results == [(130, True), (130, True)]
+def _interrupted(p: Place, how: str) -> tuple[int, bool, bool]:
+    """``prog.py sleep 60`` run by ``python`` or ``kiln run`` (plain, or served), sent SIGINT
+    once it is ready: its status, whether its stderr shows the KeyboardInterrupt, and whether
+    a server ran it."""
+    before = p.runs("prog.py")
+    command = ["prog.py"] if how == "python" else [
+        "-m", "kiln", "run", "--server" if how == "served" else "--no-server", "prog.py"]
+    proc = start_child([sys.executable, *command, "sleep", "60"], env=p.env(), cwd=p.app)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, "KeyboardInterrupt" in err, p.runs("prog.py") == before + 1
+
+
+def test_ctrl_c_is_a_keyboard_interrupt_that_ends_the_run_by_sigint(shared: Place) -> None:
+    # as python: the traceback, then the process ends by SIGINT (a shell sees 130)
+    assert _interrupted(shared, "python")[:2] == (-signal.SIGINT, True)
+    assert _interrupted(shared, "plain")[:2] == (-signal.SIGINT, True)
+    for attempt in range(4):  # (as both(): until a server that preloads it all runs it)
+        shared.wait_server("prog.py")
+        status, shown, served = _interrupted(shared, "served")
+        assert (status, shown) == (-signal.SIGINT, True)
+        if served:
+            break
+        time.sleep(3)
+    assert served
 
 
 def _signalled(p: Place, signum: int, *args: str, server: bool) -> tuple[Any, ...]:
@@ -928,3 +940,33 @@ def test_kiln_server_ls_does_not_import_jax(place: Place) -> None:
             "status = kiln_cli.main()\nprint('jax' in sys.modules, status)\n")
     done = run_child([sys.executable, "-c", code], env=place.env(), timeout=60)
     assert done.stdout.splitlines()[-1] == "False 0"
+
+
+def test_settings_a_program_sets_before_import_jax_hold_in_a_served_run(place: Place) -> None:
+    # the server preloads only what the program imported before it set the environment:
+    # jax is imported in the run, and reads what the program set, as under python
+    (place.app / "env.py").write_text(textwrap.dedent("""
+        import os, sys
+        os.environ["JAX_ENABLE_X64"] = "1"
+        os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
+        import jax, jax.numpy as jnp
+        print(jnp.ones(2).dtype, jax.config.jax_numpy_rank_promotion,
+              jax.jit(lambda x: x / 3)(jnp.arange(3.0)).dtype)
+    """))
+    plain = run_child([sys.executable, "env.py"], env=place.env(), cwd=place.app)
+    assert plain.stdout == "float64 raise float64\n"
+    place.warm("env.py")
+    for attempt in range(4):  # (as both(): until a server that preloads it all runs it)
+        before = place.runs("env.py")
+        served = place.kiln("env.py")
+        assert served.stdout == plain.stdout, served.stderr
+        if place.runs("env.py") == before + 1:
+            break
+        time.sleep(3)
+        place.wait_server("env.py")
+    assert place.runs("env.py") == before + 1
+    assert "traces: 0" in SUMMARY.search(served.stderr).group(0)
+    # one server for the program
+    assert len([s for s in place.servers() if s.get("target") == "env.py"]) == 1
+    listed = run_child([sys.executable, "-m", "kiln", "server", "ls"], env=place.env())
+    assert listed.returncode == 0 and listed.stdout.count("env.py") == 1, listed.stdout

@@ -47,8 +47,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["KILN_ROOT", "LIB_ROOTS", "Observed", "env_reads", "environ_value", "environment",
-           "files", "is_user_file", "listings", "merge", "merged", "pause",
-           "made", "resume", "set_overwrite_hook", "sizes", "start", "started",
+           "files", "is_user_file", "listings", "merge", "merged", "modules_before_env_write",
+           "pause", "made", "resume", "set_overwrite_hook", "sizes", "start", "started",
            "whole_environment"]
 
 # installed code: the interpreter's stdlib and site-packages (libraries count by version); by
@@ -66,7 +66,8 @@ _SITE_REAL = tuple({os.path.realpath(p) + os.sep
 # never the program's (a marker kiln_early checks while a noinline function is made in a trace)
 _SRC = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 KILN_ROOT = tuple(os.path.join(_SRC, name) + os.sep
-                  for name in ("kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli", "kiln_pytest"))
+                  for name in ("kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli", "kiln_pytest",
+                               "kiln_server", "kiln_warm"))
 _NOT_FILES = ("/proc/", "/sys/", "/dev/")
 _PYCACHE = f"{os.sep}__pycache__{os.sep}"
 _IMPORT_SYSTEM = frozenset({"importlib._bootstrap", "importlib._bootstrap_external", "zipimport"})
@@ -133,6 +134,9 @@ _merged: dict[tuple[str, str], list[str]] = {}  # (name, kind) -> a trace's mani
 _paused: dict[int, int] = {}  # thread id -> open trace recordings (their reads are the trace's)
 _overwrite: list[Callable[[str, Observed], None]] = []  # digests a file about to change
 _state = {"started": False}
+# the modules imported when user code first set or removed an environment variable: what a
+# warm process may import before the program runs (kiln_server.imported_modules)
+_before_env_write: list[frozenset[str]] = []
 
 _WATCHED = frozenset({"open", "os.listdir", "os.scandir", "os.rename", "os.remove",
                       "os.truncate", "os.mkdir"})
@@ -431,6 +435,7 @@ _Environ: Any = type(os.environ)
 
 def _wrap_environ() -> None:
     getitem, iterate = _Environ.__getitem__, _Environ.__iter__
+    setitem, delitem = _Environ.__setitem__, _Environ.__delitem__
 
     def __getitem__(self: Any, key: Any) -> Any:  # noqa: N807 - os._Environ's own method
         try:
@@ -446,9 +451,38 @@ def _wrap_environ() -> None:
             _note_whole()
         return iterate(self)
 
+    def __setitem__(self: Any, key: Any, value: Any) -> None:  # noqa: N807
+        _note_env_write(self)
+        setitem(self, key, value)
+
+    def __delitem__(self: Any, key: Any) -> None:  # noqa: N807
+        _note_env_write(self)
+        delitem(self, key)
+
     __getitem__.kiln_original = getitem  # type: ignore[attr-defined]
     __iter__.kiln_original = iterate  # type: ignore[attr-defined]
+    __setitem__.kiln_original = setitem  # type: ignore[attr-defined]
+    __delitem__.kiln_original = delitem  # type: ignore[attr-defined]
     _Environ.__getitem__, _Environ.__iter__ = __getitem__, __iter__
+    _Environ.__setitem__, _Environ.__delitem__ = __setitem__, __delitem__
+
+
+def _note_env_write(env: Any) -> None:
+    if env is not os.environ or _before_env_write:
+        return
+    try:
+        if _read_by_user():
+            _before_env_write.append(frozenset(sys.modules))
+    except Exception:  # noqa: BLE001, S110 - never fail the user's write over a record
+        pass
+
+
+def modules_before_env_write() -> frozenset[str] | None:
+    """The modules that were imported when user code first set or removed a variable of
+    ``os.environ`` (``os.environ[...] = ``, ``update``, ``setdefault``, ``pop``, ``del``),
+    or None where it has not: a module imported after it may have read what the program set
+    (``JAX_ENABLE_X64`` before ``import jax``), so a warm process must not import it first."""
+    return _before_env_write[0] if _before_env_write else None
 
 
 def _original(name: str) -> Any:

@@ -38,10 +38,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kiln_early import _inputs
+
 from ._common import (
     Reader,
     Target,
     enabled_by_env,
+    exit_status,
     explain,
     files_of,
     interpreter_flags,
@@ -75,11 +78,11 @@ def command_line(load: Callable[[], Callable[[list[str] | None], int]]) -> int:
     if target is not None:
         status = run_warm(target)
         if status is not None:
-            return status
+            return exit_status(status)
     status = load()(target.argv[:] if target is not None else None)
     if target is not None:
         after_run(target)
-    return status
+    return exit_status(status)
 
 
 def target_of(argv: list[str]) -> Target | None:
@@ -292,13 +295,19 @@ def after_run(target: Target) -> None:
 
 
 def imported_modules(own_dir: str) -> list[str]:
-    """The modules in ``sys.modules`` that can be preloaded: importable by name and not from
-    ``own_dir`` (the program's own, which change as it is edited), in import order."""
+    """The modules in ``sys.modules`` that can be preloaded: importable by name, not from
+    ``own_dir`` (the program's own, which change as it is edited), and imported before the
+    program first set or removed an environment variable; in import order."""
     own = {own_dir.rstrip(os.sep) + os.sep, os.path.realpath(own_dir).rstrip(os.sep) + os.sep}
     names = []
+    # (a module imported after the program set the environment may have read it: each run
+    # imports it, as the program does)
+    before = _inputs.modules_before_env_write()
     for name, module in list(sys.modules.items()):
         if module is None or name in ("__main__", "__mp_main__") or name.startswith(
-                "kiln_server"):
+                ("kiln_server", "kiln_warm")):
+            continue
+        if before is not None and name not in before:
             continue
         if getattr(module, "__name__", None) != name or getattr(module, "__spec__", None) is None:
             continue  # an alias (os.path) or a module made by hand: not importable by name

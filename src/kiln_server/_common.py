@@ -14,13 +14,34 @@ import stat
 import sys
 from typing import Any
 
-__all__ = ["Target", "explain", "key_of", "read_meta", "read_record", "record_path",
+__all__ = ["Target", "exit_status", "explain", "key_of", "read_meta", "read_record", "record_path",
            "remove_lock", "send", "server_dir", "setting", "take_lock", "write_json",
            "write_record"]
 
 # KILN_SERVER* variables steer the client only; every other variable is part of the key
 _OWN_PREFIX = "KILN_SERVER"
 _FALSE = ("0", "false", "no", "off", "")
+
+
+def exit_status(status: int) -> int:
+    """``status`` as the process should exit with it: a negative one is a death by that signal
+    (``-SIGINT``: the program raised ``KeyboardInterrupt`` that nothing caught, its traceback
+    already shown), which Python itself carries out: a ``KeyboardInterrupt`` raised out of the
+    main module, seen by a silent ``sys.excepthook``, makes Python finish as it always does
+    (threads joined, ``atexit`` handlers run) and then end by SIGINT, as ``python prog.py``
+    does. Another negative status ends the process by that signal now."""
+    if status >= 0:
+        return status
+    import signal
+
+    if -status == signal.SIGINT:
+        sys.excepthook = lambda *exc: None
+        raise KeyboardInterrupt
+    sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return 128 - status
 
 
 def setting(name: str, default: float) -> float:

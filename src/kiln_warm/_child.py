@@ -14,7 +14,7 @@ import socket
 import sys
 from typing import Any
 
-from kiln_server._common import send, write_json
+from kiln_server._common import exit_status, send, write_json
 
 __all__ = ["run_child"]
 
@@ -44,7 +44,7 @@ def run_child(job: dict[str, Any]) -> int:
     with contextlib.suppress(OSError):
         send(conn, {"code": status})
     _update_record(request, set(job["preloaded"]))
-    return status
+    return exit_status(status)
 
 
 def _place(conn: socket.socket, fds: list[int], numbers: list[int]) -> socket.socket:

@@ -7,18 +7,25 @@ store only)."""
 from __future__ import annotations
 
 import argparse
+import builtins
 import contextlib
+import importlib.machinery
 import importlib.util
+import io
 import logging
 import os
 import runpy
+import signal
 import sys
 import traceback
+import types
+import zipfile
 from typing import Any
 
 import kiln_early
 
 from .._base import _config, _stats
+from . import _after_import
 from ._common import Failure, start_jax
 from ._render import note
 
@@ -88,12 +95,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         script = args.script
         if script is None:
             raise Failure("kiln run: give SCRIPT or -m MODULE", code=2)
-        if not os.path.isfile(script):
+        if not os.path.exists(script):
             raise Failure(f"cannot run {script!r}: no such file", code=2)
         argv_rest = args.script_args
-    swapped = _prelude(args)
-    from .._jit import _swap
-
+    prelude = _Prelude(args)
     settings: dict[str, Any] = {k: True for k in ("explain", "verify") if getattr(args, k)}
     if sys.stderr.isatty() and _config.get_config().progress is None:
         settings["progress"] = True
@@ -104,22 +109,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         handler.setLevel(logging.WARNING)
         handler.setFormatter(logging.Formatter("%(message)s"))
         kiln_logger.addHandler(handler)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    saved_argv, saved_path, saved_main = sys.argv[:], sys.path[:], sys.modules.get("__main__")
     before = _stats.stats()
     try:
         with _config.process_settings(**settings):
+            prelude.when_jax_is_imported()
             if module is not None:
                 # as python -m: the current directory first on sys.path
                 sys.path.insert(0, os.getcwd())
                 sys.argv = [module, *argv_rest]
                 return _run_module(module)
             sys.argv = [script, *argv_rest]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-            return _run_main(lambda: runpy.run_path(script, run_name="__main__"), script)
+            return _run_script(script)
     finally:
+        prelude.undo()
         sys.argv, sys.path[:] = saved_argv, saved_path
-        if swapped:
-            _swap.restore_jax_jit()
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
         if handler is not None:
             kiln_logger.removeHandler(handler)
         with contextlib.suppress(Exception):
@@ -127,9 +133,43 @@ def _cmd_run(args: argparse.Namespace) -> int:
         note(_format_summary(_stats_delta(before, _stats.stats())))
 
 
+class _Prelude:
+    """What ``kiln run`` turns on for the program (the kiln:// route, JAX's cache into the
+    store, the ``jax.jit`` swap), put in place when the program (or a library it imports)
+    first imports jax, and not before: JAX reads its settings from the environment when it is
+    imported (``JAX_ENABLE_X64``, ``JAX_DEBUG_NANS``, ``JAX_NUMPY_RANK_PROMOTION``), and a
+    program may set them on its first lines, as under ``python``. Right after ``jax`` is
+    imported, a library's ``from jax import jit`` and its module-level ``@jax.jit`` still see
+    the swap."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.swapped = False
+        self.hook: Any = None
+
+    def when_jax_is_imported(self) -> None:
+        self.hook = _after_import.after_import("jax", self._start)
+
+    def _start(self) -> None:
+        self.hook = None
+        try:
+            self.swapped = _prelude(self.args)
+        except Exception as e:  # noqa: BLE001 - kiln is a cache: the program runs as without it
+            note(f"kiln: warning: could not turn kiln on for this run ({type(e).__name__}: "
+                 f"{e}); the program runs with plain JAX")
+
+    def undo(self) -> None:
+        if self.hook is not None:
+            _after_import.remove(self.hook)
+        if self.swapped:
+            from .._jit import _swap
+
+            _swap.restore_jax_jit()
+
+
 def _prelude(args: argparse.Namespace) -> bool:
-    """What ``kiln run`` turns on before the script runs; whether this call swapped
-    ``jax.jit`` (False where it was swapped already: a warm process did it, :func:`prepare`)."""
+    """What ``kiln run`` turns on, with jax imported; whether this call swapped ``jax.jit``
+    (False where it was swapped already)."""
     start_jax()
     from .._jit import _swap
     from .._travel import _jax_cache
@@ -145,12 +185,19 @@ def _prelude(args: argparse.Namespace) -> bool:
 
 def prepare(args: argparse.Namespace) -> None:
     """``kiln run``'s prelude for the warm process of ``kiln run --server`` (``kiln_server``),
-    before it imports the program's modules, so that a library's ``from jax import jit`` and
-    its module-level ``@jax.jit`` see the swap as in a plain run: ``args`` is kiln's parsed
-    command line (its ``--cache-dir``, ``--store``, ``--no-jit`` apply; ``_main.prepare``
-    parses it). Starts no JAX backend."""
-    with _config.process_settings(cache_dir=args.cache_dir, store=args.store):
-        _prelude(args)
+    before it imports the program's modules: put in place when the first of them imports jax
+    (:class:`_Prelude`), so that a library's ``from jax import jit`` and its module-level
+    ``@jax.jit`` see the swap as in a plain run, and where the program's record holds no jax
+    (it set the environment before importing it), when the served program imports it.
+    ``args`` is kiln's parsed command line (its ``--cache-dir``, ``--store``, ``--no-jit``
+    apply; ``_main.prepare`` parses it). Starts no JAX backend."""
+    settings = {"cache_dir": args.cache_dir, "store": args.store}
+
+    def start() -> None:
+        with _config.process_settings(**settings):
+            _prelude(args)
+
+    _after_import.after_import("jax", start)
 
 
 def _swap_wanted(args: argparse.Namespace) -> bool:
@@ -180,20 +227,85 @@ def _run_module(module: str) -> int:
                      found.origin or module)
 
 
+def _run_script(script: str) -> int:
+    """Run the file ``script`` as ``python script`` does; the status it would exit with.
+
+    As CPython's ``pymain_run_file``: ``sys.path[0]`` is the folder of the script's real path
+    (a symlinked script's target folder); ``__main__`` is a new module whose ``__file__`` is
+    the path joined to the working folder, not normalized (``/w/./prog.py``), the code's file
+    name too, with a ``SourceFileLoader``, no ``__spec__``, the ``builtins`` module and an empty
+    ``__annotations__``; the
+    source is compiled as Python compiles it (no ``__future__`` flag of kiln's). A folder or
+    zip archive with a ``__main__.py`` runs through :mod:`runpy`, as Python does."""
+    sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
+    if not _is_source(script):
+        return _run_main(lambda: runpy.run_path(script, run_name="__main__"), script)
+    path = script if os.path.isabs(script) else os.path.join(os.getcwd(), script)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+                         __builtins__=builtins, __annotations__={})
+    sys.modules["__main__"] = main
+
+    def run() -> None:
+        with io.open_code(path) as f:  # (as Python opens a script: the audit event is open)
+            source = f.read()
+        try:
+            code = compile(source, path, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            raise _NoFrames(e) from None
+        exec(code, main.__dict__)
+
+    return _run_main(run, script)
+
+
+def _is_source(script: str) -> bool:
+    """Whether Python runs ``script`` as a source file (not a folder or zip archive with a
+    ``__main__.py``, not compiled bytecode)."""
+    if os.path.isdir(script) or zipfile.is_zipfile(script):
+        return False
+    with open(script, "rb") as f:
+        return f.read(4) != importlib.util.MAGIC_NUMBER
+
+
+class _NoFrames(Exception):
+    """The script's error raised before any of its code ran (a ``SyntaxError``): shown with no
+    traceback, as Python shows it."""
+
+
 def _run_main(run: Any, script: str) -> int:
-    """Call ``run`` (runpy's, for ``script``); the status Python would exit with."""
+    """Call ``run`` (the script's, or runpy's for ``script``); the status Python would exit
+    with, or ``-SIGINT`` where Python would die by SIGINT (an uncaught ``KeyboardInterrupt``:
+    the caller ends the process so, once kiln's summary is out)."""
     kiln_early.skip()  # kiln is imported first here: no early start to remember
     try:
         run()
     except SystemExit as e:
         return _exit_code(e)
-    except KeyboardInterrupt:
-        note("KeyboardInterrupt")
-        return 130
+    except _NoFrames as e:
+        _uncaught(e.args[0], None)
+        return 1
+    except KeyboardInterrupt as e:
+        _uncaught(e, _script_frames(e, script))
+        return -signal.SIGINT
     except Exception as e:  # noqa: BLE001 - report the script's error like python does
-        _print_script_traceback(e, script)
+        _uncaught(e, _script_frames(e, script))
         return 1
     return 0
+
+
+def _uncaught(exc: BaseException, tb: Any) -> None:
+    """What Python does with an exception nothing caught: ``sys.last_*`` set, then
+    ``sys.excepthook`` (the program's own where it set one)."""
+    exc.__traceback__ = tb
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except Exception:  # noqa: BLE001 - as Python: a failing hook, then the default one
+        traceback.print_exc(file=sys.stderr)
+        sys.__excepthook__(type(exc), exc, tb)
 
 
 # the swap's decisions, counted in kiln.stats().reasons
@@ -243,8 +355,9 @@ def _format_summary(delta: dict[str, float]) -> str:
     return "kiln: " + ", ".join(parts)
 
 
-def _print_script_traceback(exc: BaseException, script: str) -> None:
-    """The script's traceback without the frames of kiln and runpy above it."""
+def _script_frames(exc: BaseException, script: str) -> Any:
+    """The traceback of ``exc`` from the script's first frame on, without kiln's and
+    runpy's frames above it (as ``python`` shows it)."""
     tb = exc.__traceback__
     target = os.path.realpath(script)
     here = os.path.dirname(os.path.realpath(__file__))
@@ -252,14 +365,12 @@ def _print_script_traceback(exc: BaseException, script: str) -> None:
     while probe is not None:
         filename = probe.tb_frame.f_code.co_filename
         if os.path.realpath(filename) == target:
-            tb = probe
-            break
+            return probe
         if not (filename.startswith("<frozen runpy") or os.path.basename(filename) == "runpy.py"
                 or os.path.realpath(filename).startswith(here + os.sep)):
-            tb = probe  # the first frame of neither kiln nor runpy (a module's own)
-            break
+            return probe  # the first frame of neither kiln nor runpy (a module's own)
         probe = probe.tb_next
-    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+    return tb
 
 
 def _exit_code(e: SystemExit) -> int:
