@@ -139,6 +139,9 @@ PROG = textwrap.dedent('''
         elif case == "fd3":
             os.write(3, b"to fd3\\n")
             print("ok")
+        elif case == "fd800":
+            os.write(800, b"to fd800\\n")
+            print("ok")
         elif case == "big":
             for i in range(200000):
                 print("line", i)
@@ -412,6 +415,9 @@ def test_descriptors_names_pipes_and_ignored_signals_as_a_plain_run(shared: Plac
     cases = [
         # (the shell line, served?)
         (f"KILN prog.py fd3 3>{tmp_path}/fd3.txt; cat {tmp_path}/fd3.txt", True),
+        # a descriptor near the open-files limit (1024 by default)
+        (f"ulimit -Sn 1024; KILN prog.py fd800 800>{tmp_path}/fd800.txt; "
+         f"cat {tmp_path}/fd800.txt", True),
         ("KILN prog.py big | head -2; echo status ${PIPESTATUS[0]}", True),
         # nohup, a background job: the signal stays ignored in the run
         ("trap '' HUP INT; KILN prog.py nosignal & p=$!; sleep 2; kill -HUP $p; "
@@ -970,3 +976,37 @@ def test_settings_a_program_sets_before_import_jax_hold_in_a_served_run(place: P
     assert len([s for s in place.servers() if s.get("target") == "env.py"]) == 1
     listed = run_child([sys.executable, "-m", "kiln", "server", "ls"], env=place.env())
     assert listed.returncode == 0 and listed.stdout.count("env.py") == 1, listed.stdout
+
+
+SANDBOX = """
+import os, resource
+print(resource.getrlimit(resource.RLIMIT_NOFILE), os.nice(0), sorted(os.sched_getaffinity(0)))
+"""
+
+
+@pytest.mark.parametrize("wrapper", [("sh", "-c", 'ulimit -Sn 256; exec "$@"', "sh"),
+                                     ("nice", "-n", "5"), ("taskset", "-c", "0")],
+                         ids=["ulimit", "nice", "taskset"])
+def test_a_run_in_another_sandbox_is_served_by_a_server_in_that_sandbox(
+        place: Place, wrapper: tuple[str, ...]) -> None:
+    # limits, niceness and affinity are the command's, as under python: a fork of a server
+    # started outside them would not have them (the sandbox is part of the server's key)
+    if shutil.which(wrapper[0]) is None:
+        pytest.skip(f"no {wrapper[0]} here")
+    (place.app / "sandbox.py").write_text(SANDBOX)
+    plain = run_child([sys.executable, "sandbox.py"], env=place.env(), cwd=place.app)
+    wrapped = run_child([*wrapper, sys.executable, "sandbox.py"], env=place.env(),
+                        cwd=place.app)
+    assert wrapped.returncode == 0 and wrapped.stdout != plain.stdout, wrapped.stderr
+    place.warm("sandbox.py")
+    assert place.kiln("sandbox.py").stdout == plain.stdout
+    outside = place.runs("sandbox.py")
+    for attempt in range(4):
+        served = run_child([*wrapper, sys.executable, "-m", "kiln", "run", "--server",
+                            "sandbox.py"], env=place.env(), cwd=place.app)
+        assert (served.returncode, served.stdout) == (0, wrapped.stdout), (attempt, served.stderr)
+        if place.runs("sandbox.py") > outside + attempt:
+            break  # (served by the server the first wrapped run started)
+        time.sleep(3)
+    assert place.runs("sandbox.py") > outside
+    assert len([s for s in place.servers() if s.get("target") == "sandbox.py"]) == 2

@@ -337,7 +337,7 @@ def _after_run(target: Target) -> None:
     os.makedirs(logs, mode=0o700, exist_ok=True)
     spec = {"key": key, "modules": modules, "argv": target.argv, "path": target.path,
             "client": os.getpid(),
-            "own_dir": target.own_dir,
+            "own_dir": target.own_dir, "sandbox": target.sandbox,
             "target": target.describe(), "record": record_path(target), "dir": where,
             "idle": setting("IDLE", 900.0), "max": int(setting("MAX", 4))}
     spec_path = os.path.join(where, f"{key[:20]}.{os.getpid()}.spec")

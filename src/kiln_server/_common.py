@@ -14,9 +14,9 @@ import stat
 import sys
 from typing import Any
 
-__all__ = ["Target", "exit_status", "explain", "key_of", "read_meta", "read_record", "record_path",
-           "remove_lock", "send", "server_dir", "setting", "take_lock", "write_json",
-           "write_record"]
+__all__ = ["Target", "exit_status", "explain", "key_of", "read_meta", "read_record",
+           "record_path", "remove_lock", "sandbox", "send", "server_dir", "setting", "take_lock",
+           "write_json", "write_record"]
 
 # KILN_SERVER* variables steer the client only; every other variable is part of the key
 _OWN_PREFIX = "KILN_SERVER"
@@ -126,6 +126,7 @@ class Target:
         self.environ = dict(os.environ)
         self.path = list(sys.path)
         self.cwd = cwd
+        self.sandbox = sandbox()
 
     def describe(self) -> str:
         return self.script if self.script is not None else f"-m {self.module}"
@@ -185,13 +186,37 @@ def _kiln_version() -> str:
         return "?"
 
 
+def sandbox() -> dict[str, Any]:
+    """What the command's process runs in that a fork of the server cannot take from it: its
+    resource limits (``ulimit``), niceness, CPU affinity (``taskset``), namespaces (``unshare``:
+    the network one above all), cgroup, and groups. Part of the server's key: a run inside
+    another sandbox is served by a server started inside that one, or is a plain run."""
+    import resource
+
+    state: dict[str, Any] = {
+        "limits": sorted((name, resource.getrlimit(getattr(resource, name)))
+                         for name in dir(resource) if name.startswith("RLIMIT_")),
+        "groups": [os.getgid(), os.getegid(), sorted(os.getgroups())],
+    }
+    with contextlib.suppress(OSError):
+        state["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(AttributeError, OSError):
+        state["affinity"] = sorted(os.sched_getaffinity(0))
+    with contextlib.suppress(OSError):
+        state["namespaces"] = sorted((name, os.readlink(f"/proc/self/ns/{name}"))
+                                     for name in os.listdir("/proc/self/ns"))
+    with contextlib.suppress(OSError), open("/proc/self/cgroup", encoding="utf-8") as f:
+        state["cgroup"] = f.read()
+    return state
+
+
 def key_of(target: Target, modules: list[str]) -> str:
     """The server's key: the interpreter (path and file identity), its flags, ``sys.path``, the
     working folder (a module may keep it when imported: ``multiprocessing`` does), the whole
     environment but ``KILN_SERVER*``, kiln's version, kiln's options before the script
-    (``--no-jit``, ``--store``: the server turns on what they say before it imports), and the
-    modules to preload. Two
-    runs share a server only where all of it is equal."""
+    (``--no-jit``, ``--store``: the server turns on what they say before it imports), the
+    modules to preload, and the command's :func:`sandbox`. Two runs share a server only where
+    all of it is equal."""
     env = sorted((k, v) for k, v in target.environ.items() if not k.startswith(_OWN_PREFIX))
     parts = {
         "interpreter": _interpreter(),
@@ -202,6 +227,7 @@ def key_of(target: Target, modules: list[str]) -> str:
         "kiln": _kiln_version(),
         "options": target.options,
         "modules": modules,
+        "sandbox": target.sandbox,
     }
     blob = json.dumps(parts, sort_keys=True, default=repr).encode("utf-8", "surrogateescape")
     return hashlib.sha256(blob).hexdigest()

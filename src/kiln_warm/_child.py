@@ -50,17 +50,33 @@ def run_child(job: dict[str, Any]) -> int:
 def _place(conn: socket.socket, fds: list[int], numbers: list[int]) -> socket.socket:
     """Put each descriptor the client passed at the number it has there (``fds[i]`` becomes
     ``numbers[i]``, inheritable, as a plain run inherits it), moving this child's own
-    (the connection to the client) out of their way first; the connection, moved."""
-    high = 1 + max([*numbers, *fds, conn.fileno(), 2])
-    moved = socket.socket(fileno=fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, high + 256))
+    (the connection to the client) out of their way first; the connection, moved. Every
+    descriptor made on the way is the lowest free one that is no number to fill, so all of
+    them fit under the open-files limit the run has (a server's is the command's: its key)."""
+    avoid = set(numbers)
+    moved = socket.socket(fileno=_dup_away(conn.fileno(), avoid))
     os.close(conn.detach())
-    temps = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for fd in fds]
+    temps = [_dup_away(fd, avoid) for fd in fds]
     for fd in fds:
         os.close(fd)
     for temp, number in zip(temps, numbers, strict=True):
         os.dup2(temp, number, inheritable=True)
         os.close(temp)
     return moved
+
+
+def _dup_away(fd: int, avoid: set[int]) -> int:
+    """A close-on-exec copy of ``fd`` at the lowest free number not in ``avoid``."""
+    held: list[int] = []
+    try:
+        while True:
+            new = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 0)
+            if new not in avoid:
+                return new
+            held.append(new)  # (a number to fill: kept open until a free one is found)
+    finally:
+        for number in held:
+            os.close(number)
 
 
 def _reopen_stdio() -> None:

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from kiln_server._common import Reader, files_of, send, take_lock, write_json
+from kiln_server._common import Reader, files_of, sandbox, send, take_lock, write_json
 
 __all__ = ["main"]
 
@@ -40,6 +40,11 @@ def main() -> None:
         os.unlink(spec_path)
     sys.path[:] = spec["path"]
     sys.argv = ["kiln"]
+    if json.loads(json.dumps(sandbox())) != spec.get("sandbox"):
+        # (the run that started it changed its limits, niceness or affinity: this process is
+        # not in the sandbox its key names)
+        _log("not in the sandbox of the command that started it: leaving")
+        return
     files = files_of(spec["key"], spec["dir"])
     lock = take_lock(files["lock"])
     if lock is None:
