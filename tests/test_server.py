@@ -14,6 +14,7 @@ environment; a zombie is known by its parent's).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -22,6 +23,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import textwrap
@@ -1010,3 +1012,40 @@ def test_a_run_in_another_sandbox_is_served_by_a_server_in_that_sandbox(
         time.sleep(3)
     assert place.runs("sandbox.py") > outside
     assert len([s for s in place.servers() if s.get("target") == "sandbox.py"]) == 2
+
+
+def test_a_malformed_message_or_a_silent_connection_never_ends_or_holds_up_the_server(
+        place: Place) -> None:
+    place.warm("prog.py", "argv")
+    both(place, "argv", "x")  # (the record settled: the next runs are served by this server)
+    meta = place.server_of("prog.py")
+    assert meta is not None
+    sock = os.path.join(place.server_dir, meta["key"][:20] + ".sock")
+    garbage = [b"not json\n", b'{"op": "run", "key": "%s", "own_dir": [1]}\n'
+               % meta["key"].encode(), b'[1, 2]\n', b'{"op": 7}\n', b"\xff\xfe\n"]
+    for message in garbage:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(sock)
+            conn.sendall(message)
+            conn.settimeout(10)
+            with contextlib.suppress(OSError):
+                conn.recv(4096)
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect(sock)  # (sends nothing, stays open while the runs below are served)
+    try:
+        before = place.runs("prog.py")
+        for _ in range(2):
+            assert place.kiln("prog.py", "argv", "x").stdout.startswith("['prog.py', 'argv'")
+        assert place.runs("prog.py") == before + 2  # the same server, still serving
+    finally:
+        silent.close()
+
+
+def test_from_the_second_run_on_one_server_serves_the_program(place: Place) -> None:
+    # (before: the first served run recorded kiln's own server modules as the program's, so
+    # the third run was plain and started a second server)
+    place.warm("prog.py", "jit")
+    for _ in range(3):
+        assert place.kiln("prog.py", "jit").returncode == 0
+    assert place.runs("prog.py") == 3
+    assert len([s for s in place.servers() if s.get("target") == "prog.py"]) == 1

@@ -305,7 +305,7 @@ def imported_modules(own_dir: str) -> list[str]:
     before = _inputs.modules_before_env_write()
     for name, module in list(sys.modules.items()):
         if module is None or name in ("__main__", "__mp_main__") or name.startswith(
-                ("kiln_server", "kiln_warm")):
+                ("kiln_server", "kiln_warm", "kiln_cli")):  # (kiln's own: the server's)
             continue
         if before is not None and name not in before:
             continue

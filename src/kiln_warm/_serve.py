@@ -25,6 +25,9 @@ from kiln_server._common import Reader, files_of, sandbox, send, take_lock, writ
 
 __all__ = ["main"]
 
+# how long a connection may stay silent before its first message, or between the parts of one
+_SILENT_S = 2.0
+
 
 def _log(message: str) -> None:
     sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{os.getpid()}] {message}\n")
@@ -65,7 +68,10 @@ class Server:
         self.lock = lock
         self.key = spec["key"]
         self.children: dict[int, socket.socket] = {}
+        # connections accepted whose first message has not come yet -> when they are dropped
+        self.pending: dict[socket.socket, float] = {}
         self.stopping = False
+        self.in_child = False  # (this process is a run's child, after the fork)
         self.last_used = time.time()
         self.started = time.time()
 
@@ -159,9 +165,15 @@ class Server:
                 if timeout <= 0:
                     _log("idle: leaving")
                     return None
+            self._drop_silent()
+            if self.pending:
+                first = min(self.pending.values()) - time.time()
+                timeout = first if timeout is None else min(timeout, first)
             for item, _ in self.selector.select(timeout):
                 if item.data == "accept":
-                    job = self._accept()
+                    self._accept()
+                elif item.data == "request":
+                    job = self._request(item.fileobj)  # type: ignore[arg-type]
                     if job is not None:
                         return job
                 elif item.data == "wake":
@@ -227,16 +239,37 @@ class Server:
 
     # -- one run -----------------------------------------------------------------------------
 
-    def _accept(self) -> Any:
+    def _accept(self) -> None:
+        """A new connection: served when its first message comes (a connection that stays
+        silent never holds up the others; it is dropped after ``_SILENT_S``)."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
-            return None
+            return
+        conn.setblocking(False)
+        self.pending[conn] = time.time() + _SILENT_S
+        self.selector.register(conn, selectors.EVENT_READ, "request")
+
+    def _drop_silent(self) -> None:
+        now = time.time()
+        for conn, deadline in list(self.pending.items()):
+            if deadline <= now:
+                _log("a connection sent nothing: dropped")
+                del self.pending[conn]
+                self._forget(conn)
+
+    def _request(self, conn: socket.socket) -> Any:
+        """A connection's first message came: serve it (the child's job, in the child)."""
+        del self.pending[conn]
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(conn)
         conn.setblocking(True)
-        conn.settimeout(2.0)
+        conn.settimeout(_SILENT_S)
         try:
             return self._serve(conn)
-        except (OSError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - a message it does not understand never ends it
+            if self.in_child:
+                raise
             _log(f"a connection failed: {type(e).__name__}: {e}")
             conn.close()
             return None
@@ -294,7 +327,7 @@ class Server:
             request["numbers"] = numbers
             return self._fork(conn, reader, request, fds)
         finally:
-            if fds and not getattr(self, "_in_child", False):
+            if fds and not self.in_child:
                 for fd in fds:
                     os.close(fd)
 
@@ -305,7 +338,7 @@ class Server:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            self._in_child = True
+            self.in_child = True
             os.close(go_w)
             return self._child_job(conn, request, fds, go_r)
         os.close(go_r)
@@ -350,9 +383,10 @@ class Server:
         self.listener.close()
         for fd in (self.wake_r, self.wake_w, self.lock):
             os.close(fd)
-        for other in self.children.values():
+        for other in [*self.children.values(), *self.pending]:
             other.close()
         self.children.clear()
+        self.pending.clear()
         return {"conn": conn, "request": request, "fds": fds, "go": go_r,
                 "preloaded": self.preloaded}
 
