@@ -126,6 +126,20 @@ def test_files_the_process_wrote_and_folders_it_made_are_not_inputs(children: An
     assert made not in listings
 
 
+def test_a_file_with_no_name_made_in_a_folder_leaves_the_folder_s_files_inputs(
+        children: Any) -> None:
+    # tempfile.TemporaryFile opens its folder for writing (O_TMPFILE, and io.open of the
+    # folder first): the folder is not the run's output, and what is read under it is input
+    folder = _folder_of_another_process(children)
+    with tempfile.TemporaryFile(dir=folder) as f:
+        f.write(b"scratch")
+    with tempfile.TemporaryFile() as f:  # (in /tmp, where pytest's folders are)
+        f.write(b"scratch")
+    (folder / "input.txt").read_text()
+    files = _items(_fresh_snapshot(), FILE)
+    assert str(folder / "input.txt") in files
+
+
 def test_a_file_read_then_overwritten_is_an_input_as_first_read(children: Any) -> None:
     path = _folder_of_another_process(children) / "input.txt"
     first = path.read_text()

@@ -335,6 +335,10 @@ def _record(event: str, args: tuple[Any, ...]) -> None:
     if event == "open":
         flags = args[2] if len(args) > 2 and isinstance(args[2], int) else os.O_RDONLY
         access = flags & os.O_ACCMODE
+        if access != os.O_RDONLY and os.path.isdir(full):
+            # a file with no name in folder ``full`` (O_TMPFILE: tempfile.TemporaryFile, whose
+            # io.open of the folder is audited too): neither an input nor an output
+            return
         if access == os.O_RDONLY and not flags & os.O_TRUNC:
             _note_file(full)
         elif (access == os.O_RDWR and not flags & (os.O_TRUNC | os.O_EXCL | os.O_APPEND)
