@@ -1049,3 +1049,18 @@ def test_from_the_second_run_on_one_server_serves_the_program(place: Place) -> N
         assert place.kiln("prog.py", "jit").returncode == 0
     assert place.runs("prog.py") == 3
     assert len([s for s in place.servers() if s.get("target") == "prog.py"]) == 1
+
+
+def test_a_config_file_a_preloaded_library_reads_at_import_edited_gives_a_plain_runs_result(
+        place: Place) -> None:
+    # (matplotlib reads ./matplotlibrc when imported): the server checks what its imports read
+    (place.lib / "configured_lib.py").write_text(
+        "with open('settings.cfg') as f:\n    VALUE = f.read().strip()\n")
+    (place.app / "settings.cfg").write_text("first\n")
+    _lib_program(place, "import configured_lib\nprint(configured_lib.VALUE)\n")
+    time.sleep(2.1)  # (a file younger than the server's start makes it refuse to serve)
+    place.warm("libuser.py")
+    assert place.kiln("libuser.py").stdout == "first\n"
+    assert place.runs("libuser.py") == 1
+    (place.app / "settings.cfg").write_text("second\n")
+    assert place.kiln("libuser.py").stdout == "second\n"  # the server saw it: a plain run

@@ -1,5 +1,5 @@
 """Whether what a server imported is still what a plain run would import: the files of its
-modules, the folders of ``sys.path`` (what in them could be imported under a name the process
+modules, the other files its imports read (a library's config file), the folders of ``sys.path`` (what in them could be imported under a name the process
 uses, ``.pth`` files, installed distributions), the interpreter, and the program's own folder
 (a new file there named as a preloaded module would shadow it). A file written in a folder of
 ``sys.path`` under another name (a program's output in its working folder) changes nothing."""
@@ -46,6 +46,12 @@ class Snapshot:
             file = getattr(module, "__file__", None)
             if isinstance(file, str):
                 files[file] = _ident(file)
+        # the files read while the server imported (a library's config file in the working
+        # folder: ./matplotlibrc), as kiln's record of the process's inputs saw them
+        # (kiln_early._inputs: files outside the standard library and the installed packages)
+        inputs = sys.modules.get("kiln_early._inputs")
+        for path in inputs.files() if inputs is not None and inputs.started() else ():
+            files.setdefault(path, _ident(path))
         folders: dict[str, frozenset[str] | None] = {}
         for entry in sys.path:
             where = entry or "."
