@@ -1064,3 +1064,23 @@ def test_a_config_file_a_preloaded_library_reads_at_import_edited_gives_a_plain_
     assert place.runs("libuser.py") == 1
     (place.app / "settings.cfg").write_text("second\n")
     assert place.kiln("libuser.py").stdout == "second\n"  # the server saw it: a plain run
+
+
+def test_a_working_copy_a_program_puts_first_on_sys_path_is_the_one_a_served_run_imports(
+        place: Place) -> None:
+    # an older copy is installed (on PYTHONPATH); the program's working copy goes first
+    (place.lib / "wc_lib.py").write_text("VALUE = 'installed'\n")
+    src = place.root / "src"
+    src.mkdir()
+    (src / "wc_lib.py").write_text("VALUE = 'working copy'\n")
+    _lib_program(place, f"import sys\nsys.path.insert(0, {str(src)!r})\nimport wc_lib\n"
+                 "print(wc_lib.VALUE)\n")
+    time.sleep(2.1)  # (a file younger than the server's start makes it refuse to serve)
+    place.warm("libuser.py")
+    for attempt in range(3):
+        before = place.runs("libuser.py")
+        assert place.kiln("libuser.py").stdout == "working copy\n"
+        if place.runs("libuser.py") == before + 1:
+            break  # (served, with the working copy imported by the run itself)
+        place.wait_server("libuser.py")
+    assert place.runs("libuser.py") == before + 1

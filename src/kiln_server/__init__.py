@@ -294,28 +294,51 @@ def after_run(target: Target) -> None:
         explain(f"could not start a server: {type(e).__name__}: {e}")
 
 
-def imported_modules(own_dir: str) -> list[str]:
+def imported_modules(own_dir: str, path: list[str]) -> list[str]:
     """The modules in ``sys.modules`` that can be preloaded: importable by name, not from
-    ``own_dir`` (the program's own, which change as it is edited), and imported before the
-    program first set or removed an environment variable; in import order."""
+    ``own_dir`` (the program's own, which change as it is edited), in import order, up to the
+    first that the program could have changed: one imported after the program first set or
+    removed an environment variable (it may have read it), or one that ``path`` (the
+    ``sys.path`` the server imports with) would find elsewhere than this run did (the program
+    put its working copy first on ``sys.path``: a server would import the installed one)."""
     own = {own_dir.rstrip(os.sep) + os.sep, os.path.realpath(own_dir).rstrip(os.sep) + os.sep}
     names = []
-    # (a module imported after the program set the environment may have read it: each run
-    # imports it, as the program does)
     before = _inputs.modules_before_env_write()
     for name, module in list(sys.modules.items()):
         if module is None or name in ("__main__", "__mp_main__") or name.startswith(
                 ("kiln_server", "kiln_warm", "kiln_cli")):  # (kiln's own: the server's)
-            continue
-        if before is not None and name not in before:
             continue
         if getattr(module, "__name__", None) != name or getattr(module, "__spec__", None) is None:
             continue  # an alias (os.path) or a module made by hand: not importable by name
         file = getattr(module, "__file__", None)
         if isinstance(file, str) and any(file.startswith(p) for p in own):
             continue
+        if (before is not None and name not in before) or (
+                "." not in name and isinstance(file, str) and module.__spec__.origin == file
+                and _found_elsewhere(name, file, path)):
+            break  # (this one and those after it: each run imports them, as the program does)
         names.append(name)
     return names
+
+
+def _found_elsewhere(name: str, file: str, path: list[str]) -> bool:
+    """Whether top-level module ``name``, imported from ``file``, is found elsewhere (or not at
+    all) by the import system with ``sys.path`` set to ``path``. Never raises."""
+    saved = sys.path[:]
+    try:
+        sys.path[:] = path
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, None) if find is not None else None
+            if spec is not None:
+                origin = spec.origin
+                return not isinstance(origin, str) or (
+                    os.path.realpath(origin) != os.path.realpath(file))
+        return True
+    except Exception:  # noqa: BLE001 - cannot tell: not preloaded
+        return True
+    finally:
+        sys.path[:] = saved
 
 
 def _after_run(target: Target) -> None:
@@ -324,7 +347,7 @@ def _after_run(target: Target) -> None:
     start = time.perf_counter()
     old = read_record(target) or []
     seen = set(old)
-    modules = old + [m for m in imported_modules(target.own_dir) if m not in seen]
+    modules = old + [m for m in imported_modules(target.own_dir, target.path) if m not in seen]
     if modules != old:
         write_record(target, modules)
     key = key_of(target, modules)

@@ -1,7 +1,8 @@
 """Whether what a server imported is still what a plain run would import: the files of its
-modules, the other files its imports read (a library's config file), the folders of ``sys.path`` (what in them could be imported under a name the process
-uses, ``.pth`` files, installed distributions), the interpreter, and the program's own folder
-(a new file there named as a preloaded module would shadow it). A file written in a folder of
+modules, the other files its imports read (a library's config file), the folders of
+``sys.path`` (what in them could be imported under a name the process uses, ``.pth`` files,
+installed distributions), the interpreter, and the program's own folder (a new file there
+named as a preloaded module would shadow it). A file written in a folder of
 ``sys.path`` under another name (a program's output in its working folder) changes nothing."""
 
 from __future__ import annotations
