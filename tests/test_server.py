@@ -1084,3 +1084,38 @@ def test_a_working_copy_a_program_puts_first_on_sys_path_is_the_one_a_served_run
             break  # (served, with the working copy imported by the run itself)
         place.wait_server("libuser.py")
     assert place.runs("libuser.py") == before + 1
+
+
+NETWORK = """
+import socket, sys
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5).close()
+    print("reached")
+except OSError as e:
+    print("unreachable", type(e).__name__)
+"""
+
+
+def test_a_run_in_a_network_namespace_of_its_own_never_reaches_the_network(
+        place: Place) -> None:
+    # unshare -n kiln run --server: a server outside the namespace would reach the network the
+    # sandbox removed; the namespace is the command's own, so no server is started either
+    if run_child(["unshare", "-n", "true"]).returncode != 0:
+        pytest.skip("unshare -n is not allowed here")
+    (place.app / "network.py").write_text(NETWORK)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = str(listener.getsockname()[1])
+        outside = place.kiln("network.py", port)
+        assert outside.stdout == "reached\n"
+        python = run_child(["unshare", "-n", sys.executable, "network.py", port],
+                           env=place.env(), cwd=place.app)
+        assert python.stdout.startswith("unreachable")
+        place.wait_server("network.py")
+        servers = len(place.servers())
+        for _ in range(2):
+            inside = run_child(["unshare", "-n", sys.executable, "-m", "kiln", "run", "--server",
+                                "network.py", port], env=place.env(), cwd=place.app)
+            assert inside.stdout == python.stdout, inside.stderr
+        assert len(place.servers()) == servers  # (none started in the command's namespace)

@@ -294,6 +294,19 @@ def after_run(target: Target) -> None:
         explain(f"could not start a server: {type(e).__name__}: {e}")
 
 
+def _namespaces_of_its_own() -> list[str]:
+    """The namespaces this process is in that its parent is not (``unshare`` made them for
+    this command)."""
+    own = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir("/proc/self/ns")):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/ns/{name}") != os.readlink(
+                        f"/proc/{os.getppid()}/ns/{name}"):
+                    own.append(name)
+    return own
+
+
 def imported_modules(own_dir: str, path: list[str]) -> list[str]:
     """The modules in ``sys.modules`` that can be preloaded: importable by name, not from
     ``own_dir`` (the program's own, which change as it is edited), in import order, up to the
@@ -350,6 +363,12 @@ def _after_run(target: Target) -> None:
     modules = old + [m for m in imported_modules(target.own_dir, target.path) if m not in seen]
     if modules != old:
         write_record(target, modules)
+    own = _namespaces_of_its_own()
+    if own:
+        # (unshare -n kiln run ...: a namespace made for this command alone, which a server
+        # would keep alive, unused: the next such command makes another one)
+        explain(f"the command runs in namespaces of its own ({', '.join(own)}): no server")
+        return
     key = key_of(target, modules)
     where = server_dir()
     files = files_of(key, where)
