@@ -302,7 +302,8 @@ def _machinery(frame: Any) -> bool:
     return importing is not None
 
 
-_KILN_PACKAGES = frozenset({"kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli", "kiln_pytest"})
+_KILN_PACKAGES = frozenset({"kiln", "kiln_early", "kiln_jax_plugin", "kiln_cli", "kiln_pytest",
+                            "kiln_server", "kiln_warm"})
 
 
 def _under_written(full: str) -> bool:
