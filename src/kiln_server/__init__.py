@@ -319,8 +319,8 @@ def imported_modules(own_dir: str, path: list[str]) -> list[str]:
     before = _inputs.modules_before_env_write()
     for name, module in list(sys.modules.items()):
         if module is None or name in ("__main__", "__mp_main__") or name.startswith(
-                ("kiln_server", "kiln_warm", "kiln_cli")):  # (kiln's own: the server's)
-            continue
+                ("kiln_server", "kiln_warm", "kiln_cli", "kiln_jax_plugin")):
+            continue  # kiln's own: the server's, or imported when a backend starts (each run)
         if getattr(module, "__name__", None) != name or getattr(module, "__spec__", None) is None:
             continue  # an alias (os.path) or a module made by hand: not importable by name
         file = getattr(module, "__file__", None)
