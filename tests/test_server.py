@@ -661,15 +661,26 @@ def _lib_program(p: Place, body: str, name: str = "libuser.py") -> None:
     (p.app / name).write_text(textwrap.dedent(body))
 
 
-def test_an_edited_preloaded_module_gives_a_plain_runs_result(place: Place) -> None:
-    (place.lib / "helper_lib.py").write_text("VALUE = 1\n")
+@pytest.mark.parametrize("what", ["module", "config"])
+def test_an_edited_preloaded_module_or_file_it_read_gives_a_plain_runs_result(
+        place: Place, what: str) -> None:
+    # a preloaded library's own file, or a config file it reads when imported (matplotlib
+    # reads ./matplotlibrc): the server checks both before each fork
+    if what == "module":
+        (place.lib / "helper_lib.py").write_text("VALUE = 'first'\n")
+        edited, second = place.lib / "helper_lib.py", "VALUE = 'second'\n"
+    else:
+        (place.lib / "helper_lib.py").write_text(
+            "with open('settings.cfg') as f:\n    VALUE = f.read().strip()\n")
+        (place.app / "settings.cfg").write_text("first\n")
+        edited, second = place.app / "settings.cfg", "second\n"
     _lib_program(place, "import helper_lib\nprint(helper_lib.VALUE)\n")
     time.sleep(2.1)  # (a file younger than the server's start makes it refuse to serve)
     place.warm("libuser.py")
-    assert place.kiln("libuser.py").stdout == "1\n"
+    assert place.kiln("libuser.py").stdout == "first\n"
     assert place.runs("libuser.py") == 1
-    (place.lib / "helper_lib.py").write_text("VALUE = 22\n")
-    assert place.kiln("libuser.py").stdout == "22\n"  # the server saw it: a plain run
+    edited.write_text(second)
+    assert place.kiln("libuser.py").stdout == "second\n"  # the server saw it: a plain run
 
 
 def test_a_reinstalled_library_and_a_new_pth_give_a_plain_runs_result(place: Place) -> None:
@@ -1049,21 +1060,6 @@ def test_from_the_second_run_on_one_server_serves_the_program(place: Place) -> N
         assert place.kiln("prog.py", "jit").returncode == 0
     assert place.runs("prog.py") == 3
     assert len([s for s in place.servers() if s.get("target") == "prog.py"]) == 1
-
-
-def test_a_config_file_a_preloaded_library_reads_at_import_edited_gives_a_plain_runs_result(
-        place: Place) -> None:
-    # (matplotlib reads ./matplotlibrc when imported): the server checks what its imports read
-    (place.lib / "configured_lib.py").write_text(
-        "with open('settings.cfg') as f:\n    VALUE = f.read().strip()\n")
-    (place.app / "settings.cfg").write_text("first\n")
-    _lib_program(place, "import configured_lib\nprint(configured_lib.VALUE)\n")
-    time.sleep(2.1)  # (a file younger than the server's start makes it refuse to serve)
-    place.warm("libuser.py")
-    assert place.kiln("libuser.py").stdout == "first\n"
-    assert place.runs("libuser.py") == 1
-    (place.app / "settings.cfg").write_text("second\n")
-    assert place.kiln("libuser.py").stdout == "second\n"  # the server saw it: a plain run
 
 
 def test_a_working_copy_a_program_puts_first_on_sys_path_is_the_one_a_served_run_imports(
