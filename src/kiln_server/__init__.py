@@ -252,7 +252,7 @@ def _forward_signals(child: int) -> dict[int, Any]:
 
 def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
     """Wait until the server says how ``child`` ended (its signals forwarded since before it
-    started: :func:`_forward_signals`); that status."""
+    started: :func:`_forward_signals`); that status, or minus the signal that ended it."""
     conn.settimeout(None)
     code: int | None = None
     while True:
@@ -267,21 +267,12 @@ def _wait(conn: socket.socket, reader: Reader, child: int) -> int:
         if message.get("status") == "exit":
             return int(message["code"])
         if message.get("status") == "signal":
-            return _die_by(int(message["signal"]))
+            return -int(message["signal"])  # (ended by that signal: exit_status)
     if code is not None:
         return code
     sys.stderr.write(f"kiln: the warm process server ended during this run; the exit status "
                      f"of the program (pid {child}) is unknown\n")
     return 1
-
-
-def _die_by(signum: int) -> int:
-    """End this process by ``signum`` as the child ended (a shell then sees 128+signum)."""
-    sys.stdout.flush()
-    with contextlib.suppress(OSError, ValueError):
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-    return 128 + signum
 
 
 def after_run(target: Target) -> None:
@@ -307,19 +298,22 @@ def _namespaces_of_its_own() -> list[str]:
     return own
 
 
-def imported_modules(own_dir: str, path: list[str]) -> list[str]:
+def imported_modules(own_dir: str, path: list[str],
+                     known: frozenset[str] | set[str] = frozenset()) -> list[str]:
     """The modules in ``sys.modules`` that can be preloaded: importable by name, not from
     ``own_dir`` (the program's own, which change as it is edited), in import order, up to the
     first that the program could have changed: one imported after the program first set or
     removed an environment variable (it may have read it), or one that ``path`` (the
     ``sys.path`` the server imports with) would find elsewhere than this run did (the program
-    put its working copy first on ``sys.path``: a server would import the installed one)."""
+    put its working copy first on ``sys.path``: a server would import the installed one).
+    ``known``: modules the record holds already, neither checked again nor returned."""
     own = {own_dir.rstrip(os.sep) + os.sep, os.path.realpath(own_dir).rstrip(os.sep) + os.sep}
     names = []
     before = _inputs.modules_before_env_write()
     for name, module in list(sys.modules.items()):
-        if module is None or name in ("__main__", "__mp_main__") or name.startswith(
-                ("kiln_server", "kiln_warm", "kiln_cli", "kiln_jax_plugin")):
+        if name in known or module is None or name in ("__main__", "__mp_main__"):
+            continue
+        if name.startswith(("kiln_server", "kiln_warm", "kiln_cli", "kiln_jax_plugin")):
             continue  # kiln's own: the server's, or imported when a backend starts (each run)
         if getattr(module, "__name__", None) != name or getattr(module, "__spec__", None) is None:
             continue  # an alias (os.path) or a module made by hand: not importable by name
@@ -360,7 +354,7 @@ def _after_run(target: Target) -> None:
     start = time.perf_counter()
     old = read_record(target) or []
     seen = set(old)
-    modules = old + [m for m in imported_modules(target.own_dir, target.path) if m not in seen]
+    modules = old + imported_modules(target.own_dir, target.path, seen)
     if modules != old:
         write_record(target, modules)
     own = _namespaces_of_its_own()

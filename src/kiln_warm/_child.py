@@ -134,7 +134,7 @@ def _update_record(request: dict[str, Any], preloaded: set[str]) -> None:
             data = json.load(f)
         old = list(data["modules"])
         seen = set(old) | preloaded
-        new = [m for m in imported_modules(request["own_dir"], request["path"]) if m not in seen]
+        new = imported_modules(request["own_dir"], request["path"], seen)
         if not new:
             return
         data["modules"] = old + new

@@ -142,8 +142,9 @@ class _Prelude:
     imported, a library's ``from jax import jit`` and its module-level ``@jax.jit`` still see
     the swap."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, **settings: Any) -> None:
         self.args = args
+        self.settings = settings  # (the warm process's: its --cache-dir and --store)
         self.swapped = False
         self.hook: Any = None
 
@@ -153,7 +154,8 @@ class _Prelude:
     def _start(self) -> None:
         self.hook = None
         try:
-            self.swapped = _prelude(self.args)
+            with _config.process_settings(**self.settings):
+                self.swapped = _prelude(self.args)
         except Exception as e:  # noqa: BLE001 - kiln is a cache: the program runs as without it
             note(f"kiln: warning: could not turn kiln on for this run ({type(e).__name__}: "
                  f"{e}); the program runs with plain JAX")
@@ -191,13 +193,7 @@ def prepare(args: argparse.Namespace) -> None:
     (it set the environment before importing it), when the served program imports it.
     ``args`` is kiln's parsed command line (its ``--cache-dir``, ``--store``, ``--no-jit``
     apply; ``_main.prepare`` parses it). Starts no JAX backend."""
-    settings = {"cache_dir": args.cache_dir, "store": args.store}
-
-    def start() -> None:
-        with _config.process_settings(**settings):
-            _prelude(args)
-
-    _after_import.after_import("jax", start)
+    _Prelude(args, cache_dir=args.cache_dir, store=args.store).when_jax_is_imported()
 
 
 def _swap_wanted(args: argparse.Namespace) -> bool:
